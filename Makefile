@@ -1,0 +1,44 @@
+# The two commands: `make demo` and `make test`. Everything they need is installed here:
+# Debian packages with apt-get (when root; otherwise the missing ones are named), Python
+# packages into .venv.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Debian packages the project needs; `make deps` installs the missing ones when root.
+DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 libpostgresql-jdbc-java nginx-light
+
+.PHONY: help deps venv test demo bench lint clean
+
+help:
+	@echo "make demo   bring up a local PostgreSQL, migrate the example project, publish and serve the admin"
+	@echo "make test   install what the tests need, start a throwaway PostgreSQL, run the suite, stop it"
+	@echo "make bench  run the benchmarks in bench/ against a throwaway PostgreSQL"
+	@echo "make lint   ruff"
+
+deps:
+	@scripts/deps.sh $(DEBS)
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { scripts/deps.sh python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+test: deps venv
+	@scripts/with-cluster.sh scripts/run-tests.sh
+
+demo: deps venv
+	@scripts/demo.sh
+
+bench: deps venv
+	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py'
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

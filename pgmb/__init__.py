@@ -1,0 +1,47 @@
+"""pgmb: PostgreSQL as a message broker for Django.
+
+The public API, imported lazily so that ``import pgmb`` works before Django is set up::
+
+    import pgmb
+    pgmb.send("order.created", {"order_id": 123})
+    pgmb.send_batch([("order.created", {"order_id": n}) for n in range(100)])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .errors import (
+        DuplicateMessage,
+        InvalidBindingKey,
+        InvalidBody,
+        InvalidDelay,
+        InvalidName,
+        InvalidRoutingKey,
+        PgmbError,
+    )
+    from .publish import Outgoing, send, send_batch
+
+__all__ = [
+    "DuplicateMessage",
+    "InvalidBindingKey",
+    "InvalidBody",
+    "InvalidDelay",
+    "InvalidName",
+    "InvalidRoutingKey",
+    "Outgoing",
+    "PgmbError",
+    "send",
+    "send_batch",
+]
+
+_WHERE = {"Outgoing": "publish", "send": "publish", "send_batch": "publish"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_WHERE.get(name, 'errors')}", __name__), name)
+    raise AttributeError(f"module 'pgmb' has no attribute {name!r}")

@@ -1,0 +1,78 @@
+"""pgmb settings: one ``PGMB = {...}`` dict in Django settings, read here with typed defaults.
+
+Use :func:`get` everywhere; never read ``settings.PGMB`` directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: Database alias pgmb uses when a call does not name one.
+    DATABASE: str = "default"
+    #: Dotted path of the json.JSONEncoder subclass used for bodies and headers.
+    JSON_ENCODER: str = "django.core.serializers.json.DjangoJSONEncoder"
+    #: Messages per INSERT statement when `pgmb_send --file` publishes in bulk.
+    SEND_BATCH_SIZE: int = 1000
+    #: Defaults for new queues (each queue can override them).
+    DEFAULT_MAX_RETRIES: int = 5
+    DEFAULT_BACKOFF_BASE: float = 1.0
+    DEFAULT_BACKOFF_MAX: float = 300.0
+    DEFAULT_LEASE_SECONDS: float = 60.0
+    #: Default HTTP timeout of a new worker, in seconds.
+    DEFAULT_TIMEOUT: float = 10.0
+
+    def json_encoder(self) -> type:
+        return import_string(self.JSON_ENCODER)
+
+
+_ACCEPTS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float)}
+_TYPES: dict[str, tuple[type, ...]] = {f.name: _ACCEPTS[str(f.type)] for f in fields(Settings)}
+_cache: Settings | None = None
+
+
+def errors(raw: Any) -> list[str]:
+    """Describe what is wrong with a raw ``PGMB`` setting (used by the system checks)."""
+    if not isinstance(raw, dict):
+        return [f"PGMB must be a dict, not {type(raw).__name__}"]
+    problems = []
+    for key, value in raw.items():
+        if key not in _TYPES:
+            problems.append(f"PGMB[{key!r}] is not a pgmb setting (known: {', '.join(_TYPES)})")
+        elif isinstance(value, bool) or not isinstance(value, _TYPES[key]):
+            problems.append(f"PGMB[{key!r}] must be {_TYPES[key][0].__name__}, got {value!r}")
+        elif isinstance(value, (int, float)) and value < 0:
+            problems.append(f"PGMB[{key!r}] must not be negative, got {value!r}")
+    if not problems and raw.get("SEND_BATCH_SIZE", 1) < 1:
+        problems.append("PGMB['SEND_BATCH_SIZE'] must be at least 1")
+    return problems
+
+
+def get() -> Settings:
+    """The current pgmb settings (cached; refreshed when Django's settings change)."""
+    global _cache
+    if _cache is None:
+        raw = getattr(django_settings, "PGMB", {})
+        problems = errors(raw)
+        if problems:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured("; ".join(problems))
+        _cache = Settings(**raw)
+    return _cache
+
+
+def _reset(*, setting: str, **_: Any) -> None:
+    global _cache
+    if setting == "PGMB":
+        _cache = None
+
+
+setting_changed.connect(_reset)

@@ -1,0 +1,35 @@
+"""Exceptions raised by pgmb's Python API.
+
+Every error is also a ``ValueError`` (bad input) or carries the database error it came
+from, so callers can catch broadly or precisely.
+"""
+
+from __future__ import annotations
+
+
+class PgmbError(Exception):
+    """Base class of every pgmb error."""
+
+
+class InvalidName(PgmbError, ValueError):
+    """A worker or queue name breaks the naming rule."""
+
+
+class InvalidRoutingKey(PgmbError, ValueError):
+    """A routing key is empty, too long, or contains wildcards or blanks."""
+
+
+class InvalidBindingKey(PgmbError, ValueError):
+    """A binding key is malformed (for example a wildcard inside a word)."""
+
+
+class InvalidBody(PgmbError, ValueError):
+    """A message body or headers cannot be stored as JSON."""
+
+
+class InvalidDelay(PgmbError, ValueError):
+    """A delay is negative, naive, or not understood."""
+
+
+class DuplicateMessage(PgmbError):
+    """A message with this id already exists."""

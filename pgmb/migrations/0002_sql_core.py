@@ -1,0 +1,16 @@
+from django.db import migrations
+
+from pgmb import sql
+
+
+class Migration(migrations.Migration):
+    """The SQL core: name and routing rules, table defaults and checks, the seed's API."""
+
+    dependencies = [("pgmb", "0001_initial")]
+
+    operations = [
+        migrations.RunSQL(sql.script("routing.sql"), "DROP SCHEMA IF EXISTS pgmb CASCADE"),
+        migrations.RunSQL(sql.script("tables.sql"), sql.script("tables.down.sql")),
+        migrations.RunSQL(sql.script("catalog.sql"), migrations.RunSQL.noop),
+        migrations.RunSQL(sql.script("api.sql"), migrations.RunSQL.noop),
+    ]

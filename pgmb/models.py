@@ -1,0 +1,307 @@
+"""The tables of the broker. Django owns them; the SQL in ``pgmb/sql`` works on them.
+
+A message is stored once in ``pgmb_message``; routing adds one ``pgmb_delivery`` per
+matching queue. Deliveries are the hot table and hold only live work: once acked a
+delivery leaves it (its attempts stay in ``pgmb_attempt``), once dead it moves to
+``pgmb_dead_letter``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pgtrigger
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, URLValidator
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from . import conf, routing, sql
+from .errors import PgmbError
+
+
+def _validate(check, *args) -> None:
+    """Run a pgmb check and report its failure the way Django forms expect."""
+    try:
+        check(*args)
+    except PgmbError as exc:
+        raise ValidationError(str(exc)) from exc
+
+
+def validate_worker_name(value: str) -> None:
+    _validate(routing.validate_name, value, "worker")
+
+
+def validate_queue_name(value: str) -> None:
+    _validate(routing.validate_name, value, "queue")
+
+
+def validate_binding_key(value: str) -> None:
+    _validate(routing.validate_binding_key, value)
+
+
+def validate_routing_key(value: str) -> None:
+    _validate(routing.validate_routing_key, value)
+
+
+def _trigger(name: str, **kwargs) -> pgtrigger.Trigger:
+    return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
+
+
+def _default_max_retries() -> int:
+    return conf.get().DEFAULT_MAX_RETRIES
+
+
+def _default_backoff_base() -> float:
+    return conf.get().DEFAULT_BACKOFF_BASE
+
+
+def _default_backoff_max() -> float:
+    return conf.get().DEFAULT_BACKOFF_MAX
+
+
+def _default_lease() -> float:
+    return conf.get().DEFAULT_LEASE_SECONDS
+
+
+def _default_timeout() -> float:
+    return conf.get().DEFAULT_TIMEOUT
+
+
+class Worker(models.Model):
+    """An HTTP endpoint that messages are POSTed to, at most ``rps`` requests a second."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=48, unique=True, validators=[validate_worker_name])
+    endpoint = models.URLField(max_length=2000, validators=[URLValidator(["http", "https"])])
+    rps = models.PositiveIntegerField(
+        _("requests per second"), default=10, validators=[MinValueValidator(1)]
+    )
+    timeout = models.FloatField(
+        _("timeout (s)"), default=_default_timeout, validators=[MinValueValidator(0.001)]
+    )
+    secret = models.CharField(
+        max_length=200, blank=True, help_text=_("Signs requests the Standard Webhooks way.")
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "pgmb_worker"
+        ordering = ["name"]
+        triggers = [
+            _trigger(
+                "worker_validate",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert | pgtrigger.Update,
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Queue(models.Model):
+    """A queue bound to a topic pattern; its messages go to one worker."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=48, unique=True, validators=[validate_queue_name])
+    binding_key = models.CharField(
+        max_length=routing.MAX_KEY_LENGTH,
+        validators=[validate_binding_key],
+        help_text=_("Topic pattern: words separated by dots; * is one word, # is any number."),
+    )
+    pattern = models.TextField(editable=False, help_text=_("Compiled from the binding key."))
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="queues")
+    max_retries = models.PositiveIntegerField(default=_default_max_retries)
+    backoff_base = models.FloatField(
+        _("backoff base (s)"), default=_default_backoff_base, validators=[MinValueValidator(0)]
+    )
+    backoff_max = models.FloatField(
+        _("backoff cap (s)"), default=_default_backoff_max, validators=[MinValueValidator(0)]
+    )
+    lease_seconds = models.FloatField(
+        _("lease (s)"), default=_default_lease, validators=[MinValueValidator(0.001)]
+    )
+    paused = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "pgmb_queue"
+        ordering = ["name"]
+        triggers = [
+            _trigger(
+                "queue_prepare",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert | pgtrigger.Update,
+            ),
+            _trigger(
+                "queue_views",
+                when=pgtrigger.After,
+                operation=pgtrigger.Insert | pgtrigger.Update | pgtrigger.Delete,
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if self.binding_key:
+            self.pattern = routing.compile_binding(self.binding_key)
+        if (
+            self.backoff_base is not None
+            and self.backoff_max is not None
+            and self.backoff_max < self.backoff_base
+        ):
+            raise ValidationError({"backoff_max": _("The cap must not be below the base.")})
+
+    @property
+    def view_names(self) -> tuple[str, str]:
+        """Names of this queue's SQL views in schema ``pgmb`` (queue, dead-letter queue)."""
+        return routing.queue_view_names(self.name)
+
+
+class Message(models.Model):
+    """A published message; routed to deliveries by a statement-level trigger."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    routing_key = models.CharField(
+        max_length=routing.MAX_KEY_LENGTH, validators=[validate_routing_key]
+    )
+    body = models.JSONField()
+    headers = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    available_at = models.DateTimeField(
+        help_text=_("Not delivered before this time (delayed messages).")
+    )
+
+    class Meta:
+        db_table = "pgmb_message"
+        ordering = ["-created_at"]
+        triggers = [
+            _trigger(
+                "route_messages",
+                level=pgtrigger.Statement,
+                when=pgtrigger.After,
+                operation=pgtrigger.Insert,
+                referencing=pgtrigger.Referencing(new="new_messages"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.routing_key} {self.id}"
+
+
+class Delivery(models.Model):
+    """A live delivery of a message to a queue: ready, delayed or leased.
+
+    ``available_at`` is when it may next be claimed. A claim moves it to the lease's end,
+    so a lease that runs out makes the delivery claimable again with no extra step.
+    """
+
+    class State(models.TextChoices):
+        READY = "ready", _("ready")
+        LEASED = "leased", _("leased")
+
+    id = models.BigAutoField(primary_key=True)
+    # No database FK to the message: the routing trigger creates deliveries only from rows
+    # it has just inserted, and a per-row RI check would slow every publish.
+    # Both FKs are covered by the composite indexes below; their own indexes would only
+    # slow publishing.
+    message = models.ForeignKey(
+        Message,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="deliveries",
+    )
+    queue = models.ForeignKey(
+        Queue, on_delete=models.CASCADE, db_index=False, related_name="deliveries"
+    )
+    state = models.CharField(max_length=8, choices=State.choices, default=State.READY)
+    attempts = models.PositiveIntegerField(default=0)
+    available_at = models.DateTimeField()
+    lease_id = models.UUIDField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "pgmb_delivery"
+        verbose_name_plural = "deliveries"
+        constraints = [
+            models.UniqueConstraint(fields=["message", "queue"], name="pgmb_delivery_message_queue")
+        ]
+        indexes = [models.Index(fields=["queue", "available_at"], name="pgmb_delivery_due")]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} → {self.queue_id}"
+
+
+class DeadLetter(models.Model):
+    """A delivery that used up its attempts; an operator can requeue it."""
+
+    id = models.BigAutoField(primary_key=True)
+    message = models.ForeignKey(
+        Message,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="dead_letters",
+    )
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="dead_letters")
+    attempts = models.PositiveIntegerField()
+    last_status = models.IntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(_("dead since"))
+
+    class Meta:
+        db_table = "pgmb_dead_letter"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["message", "queue"], name="pgmb_dead_letter_message_queue"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} ✗ {self.queue_id}"
+
+
+class Attempt(models.Model):
+    """Append-only history: one row per delivery attempt and its outcome."""
+
+    class Outcome(models.TextChoices):
+        ACK = "ack", _("acknowledged")
+        RETRY = "retry", _("will retry")
+        DEAD = "dead", _("dead-lettered")
+        EXPIRED = "expired", _("lease expired")
+
+    id = models.BigAutoField(primary_key=True)
+    message = models.ForeignKey(
+        Message,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="attempts",
+    )
+    queue = models.ForeignKey(
+        Queue,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="attempts",
+    )
+    attempt = models.PositiveIntegerField()
+    outcome = models.CharField(max_length=8, choices=Outcome.choices)
+    status_code = models.IntegerField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "pgmb_attempt"
+        indexes = [
+            models.Index(fields=["message", "queue"], name="pgmb_attempt_message_queue"),
+            models.Index(fields=["created_at"], name="pgmb_attempt_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} #{self.attempt} {self.outcome}"

@@ -1,0 +1,29 @@
+-- Bodies of the triggers that pgmb.models declares with django-pgtrigger (the part between
+-- BEGIN and END). They stay short: the logic lives in functions of schema pgmb.
+
+-- name: worker_validate
+RETURN pgmb.prepare_worker(NEW);
+
+-- name: queue_prepare
+RETURN pgmb.prepare_queue(NEW);
+
+-- name: queue_views
+IF TG_OP <> 'INSERT' AND (TG_OP = 'DELETE' OR OLD.name IS DISTINCT FROM NEW.name) THEN
+    PERFORM pgmb.drop_queue_views(OLD.name);
+END IF;
+IF TG_OP <> 'DELETE' THEN
+    PERFORM pgmb.create_queue_views(NEW.id, NEW.name);
+END IF;
+RETURN NULL;
+
+-- name: route_messages
+-- One INSERT routes the whole statement's messages; the transaction's NOTIFY wakes
+-- dispatchers once at commit (identical notifications in a transaction are merged).
+INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
+SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at
+FROM new_messages AS m
+JOIN pgmb_queue AS q ON ('.' || m.routing_key) ~ q.pattern;
+IF FOUND AND coalesce(current_setting('pgmb.notify', true), '') <> 'off' THEN
+    PERFORM pg_notify('pgmb', '');
+END IF;
+RETURN NULL;

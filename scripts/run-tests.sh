@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The suite: lint, migrations in sync with the models, then pytest (real PostgreSQL from
+# the environment, see scripts/with-cluster.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=.venv/bin
+export PYTHONPATH=$PWD DJANGO_SETTINGS_MODULE=tests.settings
+$bin/ruff check .
+$bin/python -m django makemigrations --check --dry-run pgmb
+$bin/python -m pytest -q "$@"

@@ -1,0 +1,69 @@
+"""Fixtures shared by every layer of tests.
+
+The database is a real PostgreSQL (with pg_cron and plpython3u preloaded) started by
+``scripts/with-cluster.sh``; its test database is kept between runs (``--reuse-db``)
+because pg_cron holds a connection to it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from pgmb.models import Queue, Worker
+
+_names = itertools.count(1)
+
+
+@pytest.fixture
+def make_worker(db) -> Callable[..., Worker]:
+    def make(name: str | None = None, endpoint: str = "http://127.0.0.1:9/", **kw) -> Worker:
+        return Worker.objects.create(name=name or f"worker_{next(_names)}", endpoint=endpoint, **kw)
+
+    return make
+
+
+@pytest.fixture
+def make_queue(db, make_worker) -> Callable[..., Queue]:
+    def make(binding_key: str = "#", name: str | None = None, worker: Worker | None = None, **kw):
+        return Queue.objects.create(
+            name=name or f"queue_{next(_names)}",
+            binding_key=binding_key,
+            worker=worker or make_worker(),
+            **kw,
+        )
+
+    return make
+
+
+@contextmanager
+def _raises_sql(sqlstate: str, match: str = "") -> Iterator[pytest.ExceptionInfo]:
+    """Expect a database error with this SQLSTATE, inside a savepoint so the test goes on."""
+    with pytest.raises(Exception) as info, transaction.atomic():
+        yield info
+    cause = info.value.__cause__ if not isinstance(info.value, psycopg.Error) else info.value
+    assert isinstance(cause, psycopg.Error), f"not a database error: {info.value!r}"
+    assert cause.sqlstate == sqlstate, f"SQLSTATE {cause.sqlstate} ({cause}), wanted {sqlstate}"
+    assert match.lower() in str(cause).lower(), f"{match!r} not in {cause}"
+
+
+@pytest.fixture
+def raises_sql():
+    return _raises_sql
+
+
+@pytest.fixture
+def sql(db) -> Callable[..., list[tuple]]:
+    """Run SQL on the test's connection and return all rows (or [] for no result)."""
+
+    def run(statement: str, params: tuple | dict | None = None) -> list[tuple]:
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    return run

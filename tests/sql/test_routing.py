@@ -1,0 +1,110 @@
+"""Topic routing: the truth table, run through the SQL compiler, the Python compiler and
+the trigger itself, so all three agree."""
+
+import pytest
+
+from pgmb import routing
+from pgmb.models import Delivery, Message
+
+# (binding key, routing key, routed?)
+TRUTH_TABLE = [
+    ("order.*", "order.created", True),
+    ("order.*", "order", False),
+    ("order.*", "order.created.eu", False),
+    ("order.#", "order", True),
+    ("order.#", "order.created", True),
+    ("order.#", "order.created.eu", True),
+    ("order.#", "orders.created", False),
+    ("order.#", "xorder", False),
+    ("#", "anything", True),
+    ("#", "a.b.c.d", True),
+    ("#", ".", True),
+    ("#.created", "created", True),
+    ("#.created", "order.created", True),
+    ("#.created", "order.eu.created", True),
+    ("#.created", "order.created.eu", False),
+    ("#.created", "xcreated", False),
+    ("order.#.eu", "order.eu", True),
+    ("order.#.eu", "order.created.eu", True),
+    ("order.#.eu", "order.created.paid.eu", True),
+    ("order.#.eu", "order.created.us", False),
+    ("order.#.eu", "order.eu.x", False),
+    ("*", "order", True),
+    ("*", "order.created", False),
+    ("*.created", "order.created", True),
+    ("*.created", ".created", True),
+    ("*.created", "created", False),
+    ("*.*", "a.b", True),
+    ("*.*", "a", False),
+    ("*.#", "a", True),
+    ("*.#", "a.b.c", True),
+    ("#.*", "a", True),
+    ("#.#", "a.b", True),
+    ("a.*.c", "a..c", True),
+    ("a.*.c", "a.c", False),
+    ("a..c", "a..c", True),
+    ("a..c", "a.b.c", False),
+    ("a.#", "a.", True),
+    ("a.*", "a.", True),
+    ("order.created", "order.created", True),
+    ("order.created", "order.createdx", False),
+    ("order.created", "order_created", False),
+    ("order_created", "orderxcreated", False),
+    ("order%", "order%", True),
+    ("order%", "orders", False),
+    ("a+b", "aab", False),
+    ("a+b", "a+b", True),
+    ("a(b)", "a(b)", True),
+    ("[x]", "[x]", True),
+    ("[x]", "x", False),
+    ("a\\b", "a\\b", True),
+    ("café.*", "café.crème", True),
+    ("$.^", "$.^", True),
+]
+
+
+@pytest.mark.parametrize(("binding", "key", "routed"), TRUTH_TABLE)
+def test_python_compiler(binding, key, routed):
+    assert routing.matches(routing.compile_binding(binding), key) is routed
+
+
+def test_sql_and_python_compile_identically_and_agree(sql):
+    rows = sql(
+        "SELECT b, k, pgmb.compile_binding(b), pgmb.matches(b, k) "
+        "FROM unnest(%s::text[], %s::text[]) AS t(b, k)",
+        ([b for b, _, _ in TRUTH_TABLE], [k for _, k, _ in TRUTH_TABLE]),
+    )
+    for (binding, key, pattern, matched), (_, _, routed) in zip(rows, TRUTH_TABLE, strict=True):
+        assert pattern == routing.compile_binding(binding), binding
+        assert matched is routed, (binding, key)
+
+
+def test_trigger_routes_by_the_truth_table(make_worker, make_queue, sql):
+    worker = make_worker()
+    bindings = sorted({b for b, _, _ in TRUTH_TABLE})
+    queues = {b: make_queue(b, worker=worker) for b in bindings}
+    keys = sorted({k for _, k, _ in TRUTH_TABLE})
+    sql(
+        "INSERT INTO pgmb_message (routing_key, body) SELECT k, '{}' FROM unnest(%s::text[]) k",
+        (keys,),
+    )
+    routed = set(
+        Delivery.objects.values_list("queue__binding_key", "message__routing_key").iterator()
+    )
+    for binding, key, expected in TRUTH_TABLE:
+        assert ((binding, key) in routed) is expected, (binding, key)
+    assert Message.objects.count() == len(keys)
+    assert len(queues) == len(bindings)
+
+
+def test_changing_a_binding_affects_future_messages_only(make_queue, sql):
+    queue = make_queue("order.*")
+    sql("SELECT pgmb.send(gen_random_uuid(), 'order.created', '1'::jsonb)")
+    queue.binding_key = "invoice.*"
+    queue.save()
+    queue.refresh_from_db()
+    assert queue.pattern == routing.compile_binding("invoice.*")
+    sql("SELECT pgmb.send(gen_random_uuid(), 'order.created', '2'::jsonb)")
+    sql("SELECT pgmb.send(gen_random_uuid(), 'invoice.paid', '3'::jsonb)")
+    bodies = sorted(Delivery.objects.filter(queue=queue).values_list("message__body", flat=True))
+    assert bodies == [1, 3]

@@ -8,6 +8,7 @@ delivery leaves it (its attempts stay in ``pgmb_attempt``), once dead it moves t
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pgtrigger
@@ -147,7 +148,27 @@ class Queue(models.Model):
 
     def clean(self) -> None:
         if self.binding_key:
-            self.pattern = routing.compile_binding(self.binding_key)
+            # A bad key is reported by the field's validator; here it only leaves no pattern.
+            with contextlib.suppress(PgmbError):
+                self.pattern = routing.compile_binding(self.binding_key)
+        if self.name:
+            base = routing.view_base(self.name)
+            clash = (
+                Queue.objects.exclude(pk=self.pk)
+                .filter(name__in=[base, f"{base}_queue"])
+                .exclude(name=self.name)
+                .first()
+            )
+            if clash is not None:
+                raise ValidationError(
+                    {
+                        "name": _(
+                            "%(name)s clashes with queue %(other)s: "
+                            "both would own the view pgmb.%(view)s."
+                        )
+                        % {"name": self.name, "other": clash.name, "view": f"{base}_queue"}
+                    }
+                )
         if (
             self.backoff_base is not None
             and self.backoff_max is not None

@@ -12,164 +12,364 @@ import pgmb.models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Message',
+            name="Message",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('routing_key', models.CharField(max_length=255, validators=[pgmb.models.validate_routing_key])),
-                ('body', models.JSONField()),
-                ('headers', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('available_at', models.DateTimeField(help_text='Not delivered before this time (delayed messages).')),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "routing_key",
+                    models.CharField(max_length=255, validators=[pgmb.models.validate_routing_key]),
+                ),
+                ("body", models.JSONField()),
+                ("headers", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "available_at",
+                    models.DateTimeField(
+                        help_text="Not delivered before this time (delayed messages)."
+                    ),
+                ),
             ],
             options={
-                'db_table': 'pgmb_message',
-                'ordering': ['-created_at'],
+                "db_table": "pgmb_message",
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Queue',
+            name="Queue",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=48, unique=True, validators=[pgmb.models.validate_queue_name])),
-                ('binding_key', models.CharField(help_text='Topic pattern: words separated by dots; * is one word, # is any number.', max_length=255, validators=[pgmb.models.validate_binding_key])),
-                ('pattern', models.TextField(editable=False, help_text='Compiled from the binding key.')),
-                ('max_retries', models.PositiveIntegerField(default=pgmb.models._default_max_retries)),
-                ('backoff_base', models.FloatField(default=pgmb.models._default_backoff_base, validators=[django.core.validators.MinValueValidator(0)], verbose_name='backoff base (s)')),
-                ('backoff_max', models.FloatField(default=pgmb.models._default_backoff_max, validators=[django.core.validators.MinValueValidator(0)], verbose_name='backoff cap (s)')),
-                ('lease_seconds', models.FloatField(default=pgmb.models._default_lease, validators=[django.core.validators.MinValueValidator(0.001)], verbose_name='lease (s)')),
-                ('paused', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=48, unique=True, validators=[pgmb.models.validate_queue_name]
+                    ),
+                ),
+                (
+                    "binding_key",
+                    models.CharField(
+                        help_text="Topic pattern: words separated by dots; * is one word, # is any number.",
+                        max_length=255,
+                        validators=[pgmb.models.validate_binding_key],
+                    ),
+                ),
+                (
+                    "pattern",
+                    models.TextField(editable=False, help_text="Compiled from the binding key."),
+                ),
+                (
+                    "max_retries",
+                    models.PositiveIntegerField(default=pgmb.models._default_max_retries),
+                ),
+                (
+                    "backoff_base",
+                    models.FloatField(
+                        default=pgmb.models._default_backoff_base,
+                        validators=[django.core.validators.MinValueValidator(0)],
+                        verbose_name="backoff base (s)",
+                    ),
+                ),
+                (
+                    "backoff_max",
+                    models.FloatField(
+                        default=pgmb.models._default_backoff_max,
+                        validators=[django.core.validators.MinValueValidator(0)],
+                        verbose_name="backoff cap (s)",
+                    ),
+                ),
+                (
+                    "lease_seconds",
+                    models.FloatField(
+                        default=pgmb.models._default_lease,
+                        validators=[django.core.validators.MinValueValidator(0.001)],
+                        verbose_name="lease (s)",
+                    ),
+                ),
+                ("paused", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'db_table': 'pgmb_queue',
-                'ordering': ['name'],
+                "db_table": "pgmb_queue",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=48, unique=True, validators=[pgmb.models.validate_worker_name])),
-                ('endpoint', models.URLField(max_length=2000, validators=[django.core.validators.URLValidator(['http', 'https'])])),
-                ('rps', models.PositiveIntegerField(default=10, validators=[django.core.validators.MinValueValidator(1)], verbose_name='requests per second')),
-                ('timeout', models.FloatField(default=pgmb.models._default_timeout, validators=[django.core.validators.MinValueValidator(0.001)], verbose_name='timeout (s)')),
-                ('secret', models.CharField(blank=True, help_text='Signs requests the Standard Webhooks way.', max_length=200)),
-                ('active', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.UUIDField(
+                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=48, unique=True, validators=[pgmb.models.validate_worker_name]
+                    ),
+                ),
+                (
+                    "endpoint",
+                    models.URLField(
+                        max_length=2000,
+                        validators=[django.core.validators.URLValidator(["http", "https"])],
+                    ),
+                ),
+                (
+                    "rps",
+                    models.PositiveIntegerField(
+                        default=10,
+                        validators=[django.core.validators.MinValueValidator(1)],
+                        verbose_name="requests per second",
+                    ),
+                ),
+                (
+                    "timeout",
+                    models.FloatField(
+                        default=pgmb.models._default_timeout,
+                        validators=[django.core.validators.MinValueValidator(0.001)],
+                        verbose_name="timeout (s)",
+                    ),
+                ),
+                (
+                    "secret",
+                    models.CharField(
+                        blank=True,
+                        help_text="Signs requests the Standard Webhooks way.",
+                        max_length=200,
+                    ),
+                ),
+                ("active", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'db_table': 'pgmb_worker',
-                'ordering': ['name'],
+                "db_table": "pgmb_worker",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Delivery',
+            name="Delivery",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('state', models.CharField(choices=[('ready', 'ready'), ('leased', 'leased')], default='ready', max_length=8)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('available_at', models.DateTimeField()),
-                ('lease_id', models.UUIDField(blank=True, editable=False, null=True)),
-                ('created_at', models.DateTimeField()),
-                ('message', models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='deliveries', to='pgmb.message')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("ready", "ready"), ("leased", "leased")],
+                        default="ready",
+                        max_length=8,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("available_at", models.DateTimeField()),
+                ("lease_id", models.UUIDField(blank=True, editable=False, null=True)),
+                ("created_at", models.DateTimeField()),
+                (
+                    "message",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="deliveries",
+                        to="pgmb.message",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'deliveries',
-                'db_table': 'pgmb_delivery',
+                "verbose_name_plural": "deliveries",
+                "db_table": "pgmb_delivery",
             },
         ),
         migrations.CreateModel(
-            name='DeadLetter',
+            name="DeadLetter",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('attempts', models.PositiveIntegerField()),
-                ('last_status', models.IntegerField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField(verbose_name='dead since')),
-                ('message', models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='dead_letters', to='pgmb.message')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("attempts", models.PositiveIntegerField()),
+                ("last_status", models.IntegerField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField(verbose_name="dead since")),
+                (
+                    "message",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="dead_letters",
+                        to="pgmb.message",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'pgmb_dead_letter',
+                "db_table": "pgmb_dead_letter",
             },
         ),
         migrations.CreateModel(
-            name='Attempt',
+            name="Attempt",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('attempt', models.PositiveIntegerField()),
-                ('outcome', models.CharField(choices=[('ack', 'acknowledged'), ('retry', 'will retry'), ('dead', 'dead-lettered'), ('expired', 'lease expired')], max_length=8)),
-                ('status_code', models.IntegerField(blank=True, null=True)),
-                ('duration_ms', models.FloatField(blank=True, null=True)),
-                ('error', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField()),
-                ('message', models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='attempts', to='pgmb.message')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("attempt", models.PositiveIntegerField()),
+                (
+                    "outcome",
+                    models.CharField(
+                        choices=[
+                            ("ack", "acknowledged"),
+                            ("retry", "will retry"),
+                            ("dead", "dead-lettered"),
+                            ("expired", "lease expired"),
+                        ],
+                        max_length=8,
+                    ),
+                ),
+                ("status_code", models.IntegerField(blank=True, null=True)),
+                ("duration_ms", models.FloatField(blank=True, null=True)),
+                ("error", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField()),
+                (
+                    "message",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.DO_NOTHING,
+                        related_name="attempts",
+                        to="pgmb.message",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'pgmb_attempt',
+                "db_table": "pgmb_attempt",
             },
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='message',
-            trigger=pgtrigger.compiler.Trigger(name='route_messages', sql=pgtrigger.compiler.UpsertTriggerSql(func="-- One INSERT routes the whole statement's messages; the transaction's NOTIFY wakes\n-- dispatchers once at commit (identical notifications in a transaction are merged).\nINSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)\nSELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at\nFROM new_messages AS m\nJOIN pgmb_queue AS q ON ('.' || m.routing_key) ~ q.pattern;\nIF FOUND AND coalesce(current_setting('pgmb.notify', true), '') <> 'off' THEN\n    PERFORM pg_notify('pgmb', '');\nEND IF;\nRETURN NULL;", hash='60deb7587136d795a557996cced9fa49788f1c73', level='STATEMENT', operation='INSERT', pgid='pgtrigger_route_messages_110b5', referencing='REFERENCING NEW TABLE AS new_messages ', table='pgmb_message', when='AFTER')),
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="route_messages",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="-- One INSERT routes the whole statement's messages; the transaction's NOTIFY wakes\n-- dispatchers once at commit (identical notifications in a transaction are merged).\nINSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)\nSELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at\nFROM new_messages AS m\nJOIN pgmb_queue AS q ON ('.' || m.routing_key) ~ q.pattern;\nIF FOUND AND coalesce(current_setting('pgmb.notify', true), '') <> 'off' THEN\n    PERFORM pg_notify('pgmb', '');\nEND IF;\nRETURN NULL;",
+                    hash="60deb7587136d795a557996cced9fa49788f1c73",
+                    level="STATEMENT",
+                    operation="INSERT",
+                    pgid="pgtrigger_route_messages_110b5",
+                    referencing="REFERENCING NEW TABLE AS new_messages ",
+                    table="pgmb_message",
+                    when="AFTER",
+                ),
+            ),
         ),
         migrations.AddField(
-            model_name='delivery',
-            name='queue',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='pgmb.queue'),
+            model_name="delivery",
+            name="queue",
+            field=models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="deliveries",
+                to="pgmb.queue",
+            ),
         ),
         migrations.AddField(
-            model_name='deadletter',
-            name='queue',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='dead_letters', to='pgmb.queue'),
+            model_name="deadletter",
+            name="queue",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="dead_letters",
+                to="pgmb.queue",
+            ),
         ),
         migrations.AddField(
-            model_name='attempt',
-            name='queue',
-            field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.DO_NOTHING, related_name='attempts', to='pgmb.queue'),
+            model_name="attempt",
+            name="queue",
+            field=models.ForeignKey(
+                db_constraint=False,
+                db_index=False,
+                on_delete=django.db.models.deletion.DO_NOTHING,
+                related_name="attempts",
+                to="pgmb.queue",
+            ),
         ),
         migrations.AddField(
-            model_name='queue',
-            name='worker',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='queues', to='pgmb.worker'),
+            model_name="queue",
+            name="worker",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="queues", to="pgmb.worker"
+            ),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='worker',
-            trigger=pgtrigger.compiler.Trigger(name='worker_validate', sql=pgtrigger.compiler.UpsertTriggerSql(func='RETURN pgmb.prepare_worker(NEW);', hash='642b363aded68fc0b0f227c3a1c1a82c546b01d5', operation='INSERT OR UPDATE', pgid='pgtrigger_worker_validate_2c011', table='pgmb_worker', when='BEFORE')),
+            model_name="worker",
+            trigger=pgtrigger.compiler.Trigger(
+                name="worker_validate",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RETURN pgmb.prepare_worker(NEW);",
+                    hash="642b363aded68fc0b0f227c3a1c1a82c546b01d5",
+                    operation="INSERT OR UPDATE",
+                    pgid="pgtrigger_worker_validate_2c011",
+                    table="pgmb_worker",
+                    when="BEFORE",
+                ),
+            ),
         ),
         migrations.AddIndex(
-            model_name='delivery',
-            index=models.Index(fields=['queue', 'available_at'], name='pgmb_delivery_due'),
+            model_name="delivery",
+            index=models.Index(fields=["queue", "available_at"], name="pgmb_delivery_due"),
         ),
         migrations.AddConstraint(
-            model_name='delivery',
-            constraint=models.UniqueConstraint(fields=('message', 'queue'), name='pgmb_delivery_message_queue'),
+            model_name="delivery",
+            constraint=models.UniqueConstraint(
+                fields=("message", "queue"), name="pgmb_delivery_message_queue"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deadletter',
-            constraint=models.UniqueConstraint(fields=('message', 'queue'), name='pgmb_dead_letter_message_queue'),
+            model_name="deadletter",
+            constraint=models.UniqueConstraint(
+                fields=("message", "queue"), name="pgmb_dead_letter_message_queue"
+            ),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['message', 'queue'], name='pgmb_attempt_message_queue'),
+            model_name="attempt",
+            index=models.Index(fields=["message", "queue"], name="pgmb_attempt_message_queue"),
         ),
         migrations.AddIndex(
-            model_name='attempt',
-            index=models.Index(fields=['created_at'], name='pgmb_attempt_created'),
+            model_name="attempt",
+            index=models.Index(fields=["created_at"], name="pgmb_attempt_created"),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='queue',
-            trigger=pgtrigger.compiler.Trigger(name='queue_prepare', sql=pgtrigger.compiler.UpsertTriggerSql(func='RETURN pgmb.prepare_queue(NEW);', hash='1797b9aef9a10999798e1f99131e499812ae6e1b', operation='INSERT OR UPDATE', pgid='pgtrigger_queue_prepare_da81d', table='pgmb_queue', when='BEFORE')),
+            model_name="queue",
+            trigger=pgtrigger.compiler.Trigger(
+                name="queue_prepare",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RETURN pgmb.prepare_queue(NEW);",
+                    hash="1797b9aef9a10999798e1f99131e499812ae6e1b",
+                    operation="INSERT OR UPDATE",
+                    pgid="pgtrigger_queue_prepare_da81d",
+                    table="pgmb_queue",
+                    when="BEFORE",
+                ),
+            ),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='queue',
-            trigger=pgtrigger.compiler.Trigger(name='queue_views', sql=pgtrigger.compiler.UpsertTriggerSql(func="IF TG_OP <> 'INSERT' AND (TG_OP = 'DELETE' OR OLD.name IS DISTINCT FROM NEW.name) THEN\n    PERFORM pgmb.drop_queue_views(OLD.name);\nEND IF;\nIF TG_OP <> 'DELETE' THEN\n    PERFORM pgmb.create_queue_views(NEW.id, NEW.name);\nEND IF;\nRETURN NULL;", hash='d17893d084d875d6079408a22011660c82291c18', operation='INSERT OR UPDATE OR DELETE', pgid='pgtrigger_queue_views_605c2', table='pgmb_queue', when='AFTER')),
+            model_name="queue",
+            trigger=pgtrigger.compiler.Trigger(
+                name="queue_views",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="IF TG_OP <> 'INSERT' AND (TG_OP = 'DELETE' OR OLD.name IS DISTINCT FROM NEW.name) THEN\n    PERFORM pgmb.drop_queue_views(OLD.name);\nEND IF;\nIF TG_OP <> 'DELETE' THEN\n    PERFORM pgmb.create_queue_views(NEW.id, NEW.name);\nEND IF;\nRETURN NULL;",
+                    hash="d17893d084d875d6079408a22011660c82291c18",
+                    operation="INSERT OR UPDATE OR DELETE",
+                    pgid="pgtrigger_queue_views_605c2",
+                    table="pgmb_queue",
+                    when="AFTER",
+                ),
+            ),
         ),
     ]

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     dependencies = [("pgmb", "0001_initial")]
 
     operations = [
-        migrations.RunSQL(sql.script("routing.sql"), "DROP SCHEMA IF EXISTS pgmb CASCADE"),
+        migrations.RunSQL(sql.script("routing.sql"), sql.script("uninstall.sql")),
         migrations.RunSQL(sql.script("tables.sql"), sql.script("tables.down.sql")),
         migrations.RunSQL(sql.script("catalog.sql"), migrations.RunSQL.noop),
         migrations.RunSQL(sql.script("api.sql"), migrations.RunSQL.noop),

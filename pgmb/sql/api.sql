@@ -6,6 +6,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     new_id uuid;
 BEGIN
+    -- Checked before the INSERT so an over-long name gets this message, not a varchar error.
+    PERFORM pgmb.check_name('worker', worker.name);
     IF EXISTS (SELECT 1 FROM pgmb_worker w WHERE w.name = worker.name) THEN
         RAISE EXCEPTION 'worker % already exists', quote_literal(worker.name)
             USING ERRCODE = 'unique_violation';
@@ -22,6 +24,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     new_id uuid;
 BEGIN
+    PERFORM pgmb.check_name('queue', $1);
+    PERFORM pgmb.compile_binding($2);
     IF worker_id IS NULL OR NOT EXISTS (SELECT 1 FROM pgmb_worker w WHERE w.id = worker_id) THEN
         RAISE EXCEPTION 'unknown worker id %', coalesce(worker_id::text, 'NULL')
             USING ERRCODE = 'foreign_key_violation',

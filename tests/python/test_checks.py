@@ -1,0 +1,57 @@
+"""System checks and the settings module."""
+
+import pytest
+from django.core import checks
+from django.test import override_settings
+
+from pgmb import conf
+from pgmb.checks import check_server, check_settings
+
+
+def _ids(messages) -> list[str]:
+    return [m.id for m in messages]
+
+
+def test_defaults_are_typed():
+    settings = conf.get()
+    assert settings.DATABASE == "default"
+    assert settings.SEND_BATCH_SIZE == 1000
+    assert isinstance(settings.DEFAULT_BACKOFF_BASE, float)
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        ({"SEND_BATCH_SIZE": "10"}, "must be int"),
+        ({"SEND_BATCH_SIZE": 0}, "at least 1"),
+        ({"DEFAULT_BACKOFF_BASE": -1}, "must not be negative"),
+        ({"DEFAULT_BACKOFF_BASE": True}, "must be int"),
+        ({"NOPE": 1}, "not a pgmb setting"),
+        ([], "must be a dict"),
+    ],
+)
+def test_bad_settings_are_reported(raw, text):
+    with override_settings(PGMB=raw):
+        problems = check_settings()
+        assert _ids(problems) == ["pgmb.E001"]
+        assert text in problems[0].msg
+        with pytest.raises(Exception, match=text):
+            conf.get()
+
+
+def test_good_settings_pass_and_are_read():
+    with override_settings(PGMB={"SEND_BATCH_SIZE": 50, "DEFAULT_BACKOFF_BASE": 2}):
+        assert check_settings() == []
+        assert conf.get().SEND_BATCH_SIZE == 50
+    assert conf.get().SEND_BATCH_SIZE == 1000
+
+
+def test_unknown_database_alias():
+    with override_settings(PGMB={"DATABASE": "other"}):
+        assert _ids(check_settings()) == ["pgmb.E003"]
+
+
+@pytest.mark.django_db
+def test_server_check_passes_on_postgres_15():
+    assert check_server(databases=["default"]) == []
+    assert checks.run_checks(databases=["default"], include_deployment_checks=False) == []

@@ -85,6 +85,9 @@ class Worker(models.Model):
         max_length=200, blank=True, help_text=_("Signs requests the Standard Webhooks way.")
     )
     active = models.BooleanField(default=True)
+    # The token bucket behind `rps`, shared by every dispatcher (consumed in pgmb.claim).
+    tokens = models.FloatField(default=0, editable=False)
+    tokens_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -243,6 +246,8 @@ class Delivery(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     available_at = models.DateTimeField()
     lease_id = models.UUIDField(null=True, blank=True, editable=False)
+    last_status = models.IntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField()
 
     class Meta:
@@ -251,7 +256,19 @@ class Delivery(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["message", "queue"], name="pgmb_delivery_message_queue")
         ]
-        indexes = [models.Index(fields=["queue", "available_at"], name="pgmb_delivery_due")]
+        # Claims scan only ready rows; leased rows come back through pgmb.reclaim_expired().
+        indexes = [
+            models.Index(
+                fields=["queue", "available_at"],
+                name="pgmb_delivery_due",
+                condition=models.Q(state="ready"),
+            ),
+            models.Index(
+                fields=["available_at"],
+                name="pgmb_delivery_leased",
+                condition=models.Q(state="leased"),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.message_id} → {self.queue_id}"

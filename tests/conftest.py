@@ -23,6 +23,7 @@ _names = itertools.count(1)
 @pytest.fixture
 def make_worker(db) -> Callable[..., Worker]:
     def make(name: str | None = None, endpoint: str = "http://127.0.0.1:9/", **kw) -> Worker:
+        kw.setdefault("rps", 1000)  # tests of rate limits set their own
         return Worker.objects.create(name=name or f"worker_{next(_names)}", endpoint=endpoint, **kw)
 
     return make

@@ -28,6 +28,17 @@ class Settings:
     DEFAULT_LEASE_SECONDS: float = 60.0
     #: Default HTTP timeout of a new worker, in seconds.
     DEFAULT_TIMEOUT: float = 10.0
+    #: External dispatcher (`manage.py pgmb_dispatch`): requests in flight, claim size,
+    #: the longest sleep between polls when no notification arrives, and how often it
+    #: reclaims leases that ran out (dispatchers that died).
+    DISPATCH_CONCURRENCY: int = 64
+    DISPATCH_BATCH: int = 100
+    DISPATCH_POLL_INTERVAL: float = 1.0
+    DISPATCH_RECLAIM_INTERVAL: float = 5.0
+    #: A worker's token bucket holds `rps * RATE_BURST` requests (at least one).
+    RATE_BURST: float = 0.2
+    #: How much of a failed response's body is kept in the history, in bytes.
+    RESPONSE_BODY_LIMIT: int = 500
 
     def json_encoder(self) -> type:
         return import_string(self.JSON_ENCODER)
@@ -50,8 +61,12 @@ def errors(raw: Any) -> list[str]:
             problems.append(f"PGMB[{key!r}] must be {_TYPES[key][0].__name__}, got {value!r}")
         elif isinstance(value, (int, float)) and value < 0:
             problems.append(f"PGMB[{key!r}] must not be negative, got {value!r}")
-    if not problems and raw.get("SEND_BATCH_SIZE", 1) < 1:
-        problems.append("PGMB['SEND_BATCH_SIZE'] must be at least 1")
+    for key in ("SEND_BATCH_SIZE", "DISPATCH_CONCURRENCY", "DISPATCH_BATCH"):
+        if not problems and raw.get(key, 1) < 1:
+            problems.append(f"PGMB[{key!r}] must be at least 1")
+    for key in ("DISPATCH_POLL_INTERVAL", "DISPATCH_RECLAIM_INTERVAL", "RATE_BURST"):
+        if not problems and raw.get(key, 1) <= 0:
+            problems.append(f"PGMB[{key!r}] must be positive")
     return problems
 
 

@@ -258,8 +258,9 @@ class Delivery(models.Model):
         ]
         # Claims scan only ready rows; leased rows come back through pgmb.reclaim_expired().
         indexes = [
+            # `id` breaks ties in FIFO order: one INSERT gives all its rows the same time.
             models.Index(
-                fields=["queue", "available_at"],
+                fields=["queue", "available_at", "id"],
                 name="pgmb_delivery_due",
                 condition=models.Q(state="ready"),
             ),

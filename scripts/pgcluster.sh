@@ -3,6 +3,7 @@
 #
 #   scripts/pgcluster.sh start DIR [PORT]   init (once) and start; prints "export PG…" lines
 #   scripts/pgcluster.sh stop DIR           stop (the data stays)
+#   scripts/pgcluster.sh restart DIR        restart a running cluster (fast shutdown)
 #   scripts/pgcluster.sh destroy DIR        stop and delete
 #   scripts/pgcluster.sh env DIR            print the "export PG…" lines of a running cluster
 #
@@ -12,8 +13,8 @@
 # "postgres" system user, and DIR must be reachable by that user.
 set -euo pipefail
 
-cmd=${1:?usage: pgcluster.sh start|stop|destroy|env DIR [PORT]}
-dir=${2:?usage: pgcluster.sh start|stop|destroy|env DIR [PORT]}
+cmd=${1:?usage: pgcluster.sh start|stop|restart|destroy|env DIR [PORT]}
+dir=${2:?usage: pgcluster.sh start|stop|restart|destroy|env DIR [PORT]}
 cron_db=${PGMB_CRON_DB:-test_pgmb}
 
 bindir=${PG_BINDIR:-}
@@ -76,6 +77,9 @@ EOF
     psql -X -q -v ON_ERROR_STOP=1 -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$cron_db'" | grep -q 1 \
       || psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE \"$cron_db\""
     print_env
+    ;;
+  restart)
+    as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
   stop)
     [ -f "$dir/data/PG_VERSION" ] && as_owner "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 || true

@@ -68,3 +68,7 @@ def sql(db) -> Callable[..., list[tuple]]:
             return cursor.fetchall() if cursor.description else []
 
     return run
+
+
+# A real HTTP server on loopback that records requests and answers as scripted.
+from tests.httpserver import make_recording_server, recording_server  # noqa: E402, F401

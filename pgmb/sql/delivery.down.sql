@@ -1,3 +1,5 @@
+DROP FUNCTION IF EXISTS pgmb.busy(text[]);
+DROP FUNCTION IF EXISTS pgmb.release(bigint[], uuid[]);
 DROP FUNCTION IF EXISTS pgmb.next_wakeup(text[]);
 DROP FUNCTION IF EXISTS pgmb.requeue(text);
 DROP FUNCTION IF EXISTS pgmb.requeue(bigint[]);

@@ -167,6 +167,34 @@ LANGUAGE sql AS $$
     SELECT pgmb.settle_failures(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms, 'retry')
 $$;
 
+-- Give leased deliveries back unattempted (a dispatcher shutting down before it posted them).
+CREATE OR REPLACE FUNCTION pgmb.release(delivery_ids bigint[], lease_ids uuid[])
+RETURNS integer
+LANGUAGE sql AS $$
+    WITH released AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, attempts = greatest(d.attempts - 1, 0), available_at = now()
+        FROM unnest(delivery_ids, lease_ids) AS u(id, lease_id)
+        WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased'
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM released
+$$;
+
+-- Whether a dispatcher running --until-idle still has work: anything due, leased, or
+-- scheduled for a retry. Messages their producer delayed do not keep it running.
+CREATE OR REPLACE FUNCTION pgmb.busy(queue_names text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE (queue_names IS NULL OR qu.name = ANY (queue_names))
+          AND NOT qu.paused AND wk.active
+          AND (d.state = 'leased' OR d.attempts > 0 OR d.available_at <= clock_timestamp())
+    )
+$$;
+
 -- Leases that ran out (a dispatcher died or hung): each counts as a failed attempt.
 CREATE OR REPLACE FUNCTION pgmb.reclaim_expired(max_count integer DEFAULT 1000)
 RETURNS integer

@@ -1,0 +1,6 @@
+"""The external dispatcher: claim → POST → ack/fail, on asyncio (aiohttp + psycopg async).
+
+``engine`` runs the loop, ``request`` builds what a worker receives, ``client`` posts it
+and classifies the outcome, ``pacing`` spaces requests to a worker, ``database`` wraps the
+SQL state machine with reconnection, ``listener`` turns NOTIFY into wake-ups.
+"""

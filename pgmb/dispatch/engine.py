@@ -1,0 +1,263 @@
+"""The dispatch loop: claim due deliveries, POST them, record each outcome.
+
+One process runs one :class:`Dispatcher`. Several may run against one database, on one
+machine or several: claims skip what another holds, rate limits live in Postgres.
+Outcomes are written in small batches by a separate task on its own connection, so a
+slow or failing request never delays or rolls back the record of another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import Outcome, new_session, post
+from .database import Database, Unavailable, listen
+from .pacing import Pacer
+from .request import build_headers
+
+log = logging.getLogger("pgmb.dispatch")
+
+#: Seconds a stopping dispatcher keeps trying to record outcomes if the database is away.
+SHUTDOWN_GRACE = 10.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a dispatcher runs (see ``manage.py pgmb_dispatch --help``)."""
+
+    queues: list[str] | None = None
+    concurrency: int = 64
+    batch: int = 100
+    poll_interval: float = 1.0
+    reclaim_interval: float = 5.0
+    until_idle: bool = False
+    max_seconds: float | None = None
+    burst: float = 0.2
+    body_limit: int = 500
+
+
+@dataclass
+class Stats:
+    claimed: int = 0
+    delivered: int = 0
+    failed: int = 0
+    released: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def summary(self) -> str:
+        seconds = time.monotonic() - self.started
+        return (
+            f"claimed={self.claimed} delivered={self.delivered} failed={self.failed} "
+            f"released={self.released} seconds={seconds:.1f} "
+            f"per_second={self.delivered / seconds if seconds else 0:.0f}"
+        )
+
+
+class Dispatcher:
+    def __init__(self, conninfo: dict[str, Any], options: Options) -> None:
+        self.options = options
+        self.stats = Stats()
+        self._conninfo = conninfo
+        self._claims = Database(conninfo, "claims")
+        self._outcomes_db = Database(conninfo, "outcomes")
+        self._wake = asyncio.Event()
+        self._outcome_ready = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._inflight: dict[asyncio.Task, Any] = {}
+        self._posting: set[asyncio.Task] = set()
+        self._acks: list[tuple[int, int | None, float]] = []
+        self._fails: list[tuple[int, Any, int | None, str, float | None, float]] = []
+        self._pacers: dict[Any, Pacer] = {}
+        self._closing = False
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight requests finish, unstarted ones are released."""
+        if not self._stopping.is_set():
+            log.info("stopping: finishing %d in-flight deliveries", len(self._inflight))
+            self._stopping.set()
+            self._wake.set()
+
+    async def run(self) -> Stats:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        self._session = new_session(self.options.concurrency)
+        listener = asyncio.create_task(listen(self._conninfo, self._wake))
+        flusher = asyncio.create_task(self._flush_forever())
+        try:
+            await self._loop()
+        finally:
+            listener.cancel()
+            # Outcomes and releases get a grace period if the database is away right now.
+            grace = time.monotonic() + SHUTDOWN_GRACE
+            self._claims.give_up_at = self._outcomes_db.give_up_at = grace
+            await self._drain()
+            self._closing = True
+            self._outcome_ready.set()
+            try:
+                await flusher
+            except Unavailable as exc:
+                log.error(
+                    "could not record %d outcomes (database unavailable: %s); their leases "
+                    "will expire and they will be delivered again",
+                    len(self._acks) + len(self._fails),
+                    exc,
+                )
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            await self._session.close()
+            await self._claims.close()
+            await self._outcomes_db.close()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+        log.info("dispatcher stopped %s", self.stats.summary())
+        return self.stats
+
+    async def _loop(self) -> None:
+        opts = self.options
+        deadline = time.monotonic() + opts.max_seconds if opts.max_seconds else None
+        next_reclaim = 0.0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return
+            # Cleared before claiming: a NOTIFY that arrives during the claim still wakes us.
+            self._wake.clear()
+            if now >= next_reclaim:
+                if reclaimed := await self._claims.scalar("reclaim"):
+                    log.info("reclaimed expired leases count=%d", reclaimed)
+                next_reclaim = now + opts.reclaim_interval
+            want = min(opts.batch, opts.concurrency - len(self._inflight))
+            if self._inflight and want < min(opts.batch, opts.concurrency) // 2:
+                want = (
+                    0  # claim in batches: one query per freed slot would cost more than it brings
+                )
+            if want > 0:
+                rows = await self._claims.fetch("claim", (opts.queues, want, opts.burst))
+                for row in rows:
+                    task = asyncio.create_task(self._deliver(row))
+                    self._inflight[task] = row
+                    task.add_done_callback(self._finished)
+                self.stats.claimed += len(rows)
+                if len(rows) == want:
+                    continue  # there may be more due right now
+            timeout = opts.poll_interval
+            if want > 0:
+                idle = opts.until_idle and not self._inflight and not self._unflushed()
+                if idle and not await self._claims.scalar("busy", (opts.queues,)):
+                    return
+                wake_in = await self._claims.scalar("next_wakeup", (opts.queues,))
+                if wake_in is not None:
+                    timeout = min(timeout, max(wake_in, 0.001))
+            if deadline is not None:
+                timeout = min(timeout, max(deadline - time.monotonic(), 0))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._inflight.pop(task, None)
+        self._posting.discard(task)
+        self._wake.set()  # a slot is free
+
+    async def _deliver(self, row: Any) -> None:
+        await self._pacers.setdefault(row.worker_id, Pacer()).wait(row.rps)
+        self._posting.add(asyncio.current_task())  # type: ignore[arg-type]
+        body = row.body.encode()
+        message_id = str(row.message_id)
+        headers = build_headers(
+            message_id=message_id,
+            routing_key=row.routing_key,
+            queue=row.queue,
+            attempt=row.attempt,
+            headers=row.headers,
+            body=body,
+            secret=row.secret,
+            timestamp=int(time.time()),
+        )
+        outcome = await post(
+            self._session, row.endpoint, body, headers, row.timeout, self.options.body_limit
+        )
+        self._record(row, outcome)
+
+    def _record(self, row: Any, outcome: Outcome) -> None:
+        if outcome.ok:
+            self.stats.delivered += 1
+            self._acks.append((row.delivery_id, outcome.status, outcome.duration_ms))
+            level = logging.DEBUG
+        else:
+            self.stats.failed += 1
+            self._fails.append(
+                (
+                    row.delivery_id,
+                    row.lease_id,
+                    outcome.status,
+                    outcome.error,
+                    outcome.retry_after,
+                    outcome.duration_ms,
+                )
+            )
+            level = logging.INFO
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "%s queue=%s message_id=%s attempt=%d status=%s duration_ms=%.1f%s",
+                "delivered" if outcome.ok else "failed",
+                row.queue,
+                row.message_id,
+                row.attempt,
+                outcome.status if outcome.status is not None else "-",
+                outcome.duration_ms,
+                f" error={outcome.error[:200]!r}" if outcome.error else "",
+            )
+        self._outcome_ready.set()
+
+    def _unflushed(self) -> bool:
+        return bool(self._acks or self._fails)
+
+    async def _flush(self) -> None:
+        # Taken off the lists only once written: a flush that fails leaves them for the next.
+        if self._acks:
+            acks = self._acks[:]
+            await self._outcomes_db.fetch("ack", [list(c) for c in zip(*acks, strict=True)])
+            del self._acks[: len(acks)]
+        if self._fails:
+            fails = self._fails[:]
+            await self._outcomes_db.fetch("fail", [list(c) for c in zip(*fails, strict=True)])
+            del self._fails[: len(fails)]
+
+    async def _flush_forever(self) -> None:
+        """Write outcomes as they come; after shutdown is signalled, write the rest and end."""
+        while True:
+            await self._outcome_ready.wait()
+            self._outcome_ready.clear()
+            await self._flush()
+            self._wake.set()
+            if self._closing and not self._unflushed():
+                return
+
+    async def _drain(self) -> None:
+        """On the way out: release what was claimed but not yet posted, finish the rest."""
+        waiting = [t for t in self._inflight if t not in self._posting]
+        for task in waiting:
+            task.cancel()
+        released = [self._inflight[t] for t in waiting]
+        if self._inflight:
+            await asyncio.wait(list(self._inflight))
+        if released:
+            try:
+                self.stats.released += await self._claims.scalar(
+                    "release",
+                    ([r.delivery_id for r in released], [r.lease_id for r in released]),
+                )
+            except Unavailable:
+                log.error(
+                    "could not release %d deliveries; their leases will expire", len(released)
+                )

@@ -1,0 +1,192 @@
+"""The external dispatcher against real local HTTP servers: what arrives, and what is
+recorded for each outcome."""
+
+import base64
+import hashlib
+import hmac
+import itertools
+import json
+import time
+
+import pytest
+
+import pgmb
+from pgmb.models import Attempt, DeadLetter, Delivery
+from tests.httpserver import hangup, reply, retry_after, slow
+
+
+def test_a_thousand_messages_arrive_exactly_once_and_intact(
+    dispatch, recording_server, make_worker, make_queue
+):
+    worker = make_worker(endpoint=recording_server.url("/hook"), rps=100_000)
+    queue = make_queue("order.*", name="orders", worker=worker)
+    ids = pgmb.send_batch(
+        pgmb.Outgoing(
+            "order.created",
+            {"n": n, "text": "grüße ✓", "nested": {"list": [1, 2.5, None]}},
+            headers={"tenant": f"t{n % 3}", "trace": {"span": n}},
+        )
+        for n in range(1000)
+    )
+    stats = dispatch(concurrency=32, batch=50)
+    assert stats.delivered == 1000
+    received = recording_server.requests
+    assert sorted(r.headers["pgmb-message-id"] for r in received) == sorted(map(str, ids))
+    by_id = {r.headers["pgmb-message-id"]: r for r in received}
+    for n, mid in enumerate(ids):
+        request = by_id[str(mid)]
+        assert request.method == "POST"
+        assert request.path == "/hook"
+        assert request.json() == {"n": n, "text": "grüße ✓", "nested": {"list": [1, 2.5, None]}}
+        assert request.headers["content-type"] == "application/json"
+        assert request.headers["pgmb-routing-key"] == "order.created"
+        assert request.headers["pgmb-queue"] == queue.name
+        assert request.headers["pgmb-attempt"] == "1"
+        assert request.headers["tenant"] == f"t{n % 3}"
+        assert json.loads(request.headers["trace"]) == {"span": n}
+        assert "webhook-signature" not in request.headers
+    assert not Delivery.objects.exists()
+    assert Attempt.objects.filter(outcome="ack", status_code=200).count() == 1000
+
+
+def _standard_webhooks_verify(secret_key: bytes, request) -> bool:
+    """Verification as a receiver would write it from the Standard Webhooks spec."""
+    signed = (
+        f"{request.headers['webhook-id']}.{request.headers['webhook-timestamp']}.".encode()
+        + request.body
+    )
+    expected = base64.b64encode(hmac.new(secret_key, signed, hashlib.sha256).digest()).decode()
+    return any(
+        hmac.compare_digest(part.split(",", 1)[1], expected)
+        for part in request.headers["webhook-signature"].split()
+        if part.startswith("v1,")
+    )
+
+
+@pytest.mark.parametrize(
+    ("secret", "key"),
+    [
+        ("plain secret", b"plain secret"),
+        ("whsec_" + base64.b64encode(b"0123456789abcdef").decode(), b"0123456789abcdef"),
+    ],
+)
+def test_signature_verifies_independently(
+    dispatch, recording_server, make_worker, make_queue, secret, key
+):
+    worker = make_worker(endpoint=recording_server.url(), secret=secret)
+    make_queue("#", worker=worker)
+    mid = pgmb.send("a.b", {"x": 1})
+    dispatch()
+    [request] = recording_server.requests
+    assert request.headers["webhook-id"] == str(mid)
+    assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 60
+    assert _standard_webhooks_verify(key, request)
+    assert not _standard_webhooks_verify(b"wrong", request)
+
+
+def test_retries_back_off_then_dead_letter(dispatch, recording_server, make_worker, make_queue):
+    recording_server.respond(500, "exploded")
+    worker = make_worker(endpoint=recording_server.url())
+    queue = make_queue("#", worker=worker, max_retries=3, backoff_base=0.2, backoff_max=0.4)
+    mid = pgmb.send("k", 1)
+    dispatch()
+    attempts = recording_server.requests
+    assert [r.headers["pgmb-attempt"] for r in attempts] == ["1", "2", "3", "4"]
+    gaps = [b.received_at - a.received_at for a, b in itertools.pairwise(attempts)]
+    # equal jitter: attempt n waits within [d/2, d], d = min(0.4, 0.2 * 2^(n-1))
+    for gap, d in zip(gaps, [0.2, 0.4, 0.4], strict=True):
+        assert d / 2 - 0.02 <= gap <= d + 0.3, gaps
+    dead = DeadLetter.objects.get()
+    assert (dead.message_id, dead.queue_id, dead.attempts, dead.last_status) == (
+        mid,
+        queue.pk,
+        4,
+        500,
+    )
+    assert "exploded" in dead.last_error
+    assert list(Attempt.objects.order_by("attempt").values_list("outcome", flat=True)) == [
+        "retry",
+        "retry",
+        "retry",
+        "dead",
+    ]
+
+
+def test_retry_after_is_honoured(dispatch, recording_server, make_worker, make_queue):
+    recording_server.script([retry_after(1), reply(200)])
+    make_queue("#", worker=make_worker(endpoint=recording_server.url()), backoff_base=0.01)
+    pgmb.send("k", 1)
+    dispatch()
+    first, second = recording_server.requests
+    assert second.received_at - first.received_at >= 0.95
+    assert list(Attempt.objects.order_by("attempt").values_list("status_code", flat=True)) == [
+        429,
+        200,
+    ]
+
+
+def test_timeouts_resets_refusals_and_redirects_are_failures(
+    dispatch, make_recording_server, make_worker, make_queue
+):
+    slow_server = make_recording_server()
+    slow_server.respond(slow(3))
+    flaky = make_recording_server()
+    flaky.respond(hangup())
+    moved = make_recording_server()
+    moved.respond(reply(302, headers={"Location": "http://127.0.0.1:9/elsewhere"}))
+    cases = {
+        "slow": make_worker(endpoint=slow_server.url(), timeout=0.3),
+        "reset": make_worker(endpoint=flaky.url()),
+        "refused": make_worker(endpoint="http://127.0.0.1:9/closed"),
+        "moved": make_worker(endpoint=moved.url()),
+    }
+    for key, worker in cases.items():
+        make_queue(key, worker=worker, max_retries=0)
+        pgmb.send(key, {"case": key})
+    started = time.monotonic()
+    dispatch()
+    assert time.monotonic() - started < 3  # the slow one was cut at its timeout
+    errors = dict(DeadLetter.objects.values_list("message__routing_key", "last_error"))
+    assert errors["slow"] == "timeout after 0.3s"
+    assert "closed by the worker" in errors["reset"]
+    assert errors["refused"].startswith("connection failed")
+    assert "redirect to http://127.0.0.1:9/elsewhere (not followed)" in errors["moved"]
+    assert len(moved.requests) == 1
+
+
+def test_long_error_bodies_are_truncated(dispatch, recording_server, make_worker, make_queue):
+    recording_server.respond(500, "x" * 100_000)
+    make_queue("#", worker=make_worker(endpoint=recording_server.url()), max_retries=0)
+    pgmb.send("k", 1)
+    dispatch(body_limit=300)
+    assert len(DeadLetter.objects.get().last_error) <= 320
+
+
+def test_requeued_dead_letters_are_delivered(
+    dispatch, recording_server, make_worker, make_queue, sql
+):
+    recording_server.script([500, 500])
+    queue = make_queue(
+        "#", name="jobs", worker=make_worker(endpoint=recording_server.url()), max_retries=0
+    )
+    pgmb.send_batch([("k", 1), ("k", 2)])
+    dispatch()
+    assert DeadLetter.objects.filter(queue=queue).count() == 2
+    assert sql("SELECT pgmb.requeue('jobs')") == [(2,)]
+    dispatch()
+    assert not DeadLetter.objects.exists()
+    assert sorted(r.json() for r in recording_server.requests[2:]) == [1, 2]
+    assert [r.headers["pgmb-attempt"] for r in recording_server.requests[2:]] == ["1", "1"]
+
+
+def test_paused_queues_and_named_queues(dispatch, recording_server, make_worker, make_queue):
+    worker = make_worker(endpoint=recording_server.url())
+    make_queue("a", name="qa", worker=worker)
+    make_queue("b", name="qb", worker=worker)
+    make_queue("c", name="qc", worker=worker, paused=True)
+    pgmb.send_batch([("a", "a"), ("b", "b"), ("c", "c")])
+    dispatch(queues=["qb"])
+    assert [r.json() for r in recording_server.requests] == ["b"]
+    dispatch()
+    assert sorted(r.json() for r in recording_server.requests) == ["a", "b"]
+    assert Delivery.objects.get().queue.name == "qc"

@@ -6,10 +6,10 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from . import conf
+from . import conf, indb
 
 
 @register(Tags.compatibility)
@@ -62,3 +62,62 @@ def check_server(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
             )
         ]
     return []
+
+
+@register("pgmb")
+def check_in_database_dispatch(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """What the in-database dispatch path (pg_cron + http/plpython3u) lacks, and what to do.
+
+    Only warnings: ``manage.py pgmb_dispatch`` works without any of it. Silence them with
+    ``SILENCED_SYSTEM_CHECKS = ["pgmb.W001", ...]`` if you dispatch only from Python.
+    """
+    alias = conf.get().DATABASE
+    if alias not in settings.DATABASES or connections[alias].vendor != "postgresql":
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT to_regprocedure('pgmb.http_transport()') IS NOT NULL")
+            if not cursor.fetchone()[0]:
+                return []  # not migrated yet: migrate reports that
+            caps = indb.capabilities(cursor)
+    except Exception as exc:  # a check must report, not crash
+        return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
+    found: list[Warning] = []
+    if not caps.pg_cron_preloaded:
+        found.append(
+            Warning(
+                "pg_cron is not preloaded: the in-database dispatcher cannot be scheduled.",
+                hint="Set shared_preload_libraries = 'pg_cron' and cron.database_name = "
+                f"'{caps.database}' in postgresql.conf, restart PostgreSQL, then run "
+                "'manage.py pgmb_cron install' (or use 'manage.py pgmb_dispatch').",
+                id="pgmb.W001",
+            )
+        )
+    elif caps.pg_cron_database != caps.database:
+        found.append(
+            Warning(
+                f"pg_cron serves database {caps.pg_cron_database!r}, not {caps.database!r}.",
+                hint=f"Set cron.database_name = '{caps.database}' and restart PostgreSQL.",
+                id="pgmb.W002",
+            )
+        )
+    elif caps.pg_cron_version is None:
+        found.append(
+            Warning(
+                "pg_cron is preloaded for this database but not installed in it.",
+                hint="Run 'manage.py pgmb_cron install'.",
+                id="pgmb.W003",
+            )
+        )
+    if caps.transport is None:
+        found.append(
+            Warning(
+                "No HTTP transport for the in-database dispatcher (neither the http extension "
+                "nor plpython3u).",
+                hint="Install pgsql-http (CREATE EXTENSION http) or PL/Python "
+                "(postgresql-plpython3-NN, then re-run 'manage.py migrate pgmb' or "
+                "'manage.py pgmb_cron install'); or dispatch with 'manage.py pgmb_dispatch'.",
+                id="pgmb.W004",
+            )
+        )
+    return found

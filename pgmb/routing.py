@@ -15,7 +15,8 @@ import re
 
 from .errors import InvalidBindingKey, InvalidName, InvalidRoutingKey
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+# Used with fullmatch: "$" would also match before a trailing newline.
+NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 #: Longest base name: "<base>_dead_letter_queue" must fit PostgreSQL's 63-byte identifiers.
 MAX_BASE_LENGTH = 63 - len("_dead_letter_queue")
 MAX_KEY_LENGTH = 255
@@ -26,7 +27,7 @@ _REGEX_META = frozenset("\\^$.|?*+()[]{}")
 
 def validate_name(name: object, kind: str = "queue") -> str:
     """Return ``name`` if it is a valid worker or queue name, else raise :class:`InvalidName`."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidName(
             f"invalid {kind} name {name!r}: use 1 to 48 characters, lower-case letters, "
             "digits and underscores, starting with a letter"
@@ -111,4 +112,6 @@ def compile_binding(key: str) -> str:
 
 def matches(pattern: str, routing_key: str) -> bool:
     """Whether a compiled binding ``pattern`` routes ``routing_key`` (same test as the SQL)."""
-    return re.match(pattern, "." + routing_key) is not None
+    return (
+        re.match(pattern, "." + routing_key) is not None
+    )  # patterns end in "$" but keys hold no newline

@@ -62,6 +62,9 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = '$dir'
 shared_preload_libraries = 'pg_cron'
 cron.database_name = '$cron_db'
+# Jobs run in background workers: no libpq connection (host, password) to configure.
+cron.use_background_workers = on
+max_worker_processes = 32
 max_connections = 200
 fsync = on
 log_min_messages = warning

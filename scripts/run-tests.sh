@@ -6,5 +6,7 @@ cd "$(dirname "$0")/.."
 bin=.venv/bin
 export PYTHONPATH=$PWD DJANGO_SETTINGS_MODULE=tests.settings
 $bin/ruff check .
+# The stand-in for pgsql-http (tests/pg_http) goes into PostgreSQL's extension folder.
+if [ "$(id -u)" = 0 ]; then tests/pg_http/install.sh >/dev/null; fi
 $bin/python -m django makemigrations --check --dry-run pgmb
 $bin/python -m pytest -q "$@"

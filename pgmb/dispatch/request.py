@@ -33,8 +33,10 @@ RESERVED = frozenset(
         "proxy-connection",
     }
 )
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-_UNSAFE_VALUE = re.compile(r"[\r\n\x00]")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+#: Header values are sent only if they are printable ASCII (no CR/LF injection, no
+#: encoding guesswork); the same rule as pgmb.request_headers() in SQL.
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
 
 
 def secret_key(secret: str) -> bytes:
@@ -55,10 +57,15 @@ def message_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in (headers or {}).items():
         lower = str(name).lower()
-        if lower in RESERVED or lower.startswith(("pgmb-", "webhook-")) or not _TOKEN.match(name):
+        if (
+            lower in RESERVED
+            or lower.startswith(("pgmb-", "webhook-"))
+            or not _TOKEN.fullmatch(name)
+        ):
             continue
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-        if not _UNSAFE_VALUE.search(text):
+        # json.dumps spaces JSON as PostgreSQL prints jsonb: both dispatch paths send the same.
+        text = value if isinstance(value, str) else json.dumps(value)
+        if _PRINTABLE_ASCII.fullmatch(text):
             out[name] = text
     return out
 

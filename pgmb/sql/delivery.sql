@@ -21,12 +21,18 @@ $$;
 -- Claim up to max_count due deliveries of the named queues (NULL: all), leasing them.
 -- Each worker's rps is a token bucket shared by every dispatcher: it refills at rps per
 -- second up to rps * burst tokens, and a claim takes at most what is in it.
+-- What a claim hands a dispatcher: the delivery, its message, and where to post it.
+DO $$ BEGIN
+    CREATE TYPE pgmb.claimed AS (
+        delivery_id bigint, lease_id uuid, attempt integer, queue_id uuid, queue text,
+        message_id uuid, routing_key text, body text, headers jsonb, created_at timestamptz,
+        worker_id uuid, endpoint text, timeout float8, secret text, rps integer
+    );
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[], max_count integer, burst float8 DEFAULT 0.2)
-RETURNS TABLE (
-    delivery_id bigint, lease_id uuid, attempt integer, queue_id uuid, queue text,
-    message_id uuid, routing_key text, body text, headers jsonb, created_at timestamptz,
-    worker_id uuid, endpoint text, timeout float8, secret text, rps integer
-)
+RETURNS SETOF pgmb.claimed
 LANGUAGE plpgsql AS $$
 DECLARE
     t timestamptz := clock_timestamp();

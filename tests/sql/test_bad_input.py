@@ -24,6 +24,7 @@ BAD_NAMES = [
     "",
     "_order",
     "ordér",
+    "order\n",
 ]
 
 

@@ -1,0 +1,59 @@
+"""The in-database dispatch path: which parts this database has, and installing them.
+
+Used by migration 0004, ``manage.py pgmb_cron`` and the system checks. Each step is
+optional: without plpython3u or pg_cron, migrations still succeed and ``manage.py check``
+says what is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError
+
+from . import sql
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the in-database path can use in one database."""
+
+    pg_cron_preloaded: bool
+    pg_cron_database: str | None  # cron.database_name: the one database pg_cron serves
+    pg_cron_version: str | None  # installed here (CREATE EXTENSION pg_cron), else None
+    http_extension: bool
+    plpython_available: bool  # the language can be created (its files are installed)
+    plpython_installed: bool
+    transport: str | None  # what pgmb.post() uses: 'http', 'plpython3u' or None
+    database: str
+
+
+def capabilities(cursor: Any) -> Capabilities:
+    cursor.execute(sql.query("indb.sql", "capabilities"))
+    return Capabilities(*cursor.fetchone())
+
+
+def install_plpython_transport(cursor: Any) -> bool:
+    """Create plpython3u if it is available and allowed, then the PL/Python transport."""
+    caps = capabilities(cursor)
+    if not caps.plpython_installed and caps.plpython_available:
+        cursor.execute("SAVEPOINT pgmb_plpython")
+        try:
+            cursor.execute(sql.query("indb.sql", "create_plpython"))
+        except DatabaseError:  # not a superuser: the system check explains what to do
+            cursor.execute("ROLLBACK TO SAVEPOINT pgmb_plpython")
+        else:
+            cursor.execute("RELEASE SAVEPOINT pgmb_plpython")
+    if capabilities(cursor).plpython_installed:
+        cursor.execute(sql.script("transport_plpython.sql"))
+        return True
+    return False
+
+
+def install_cron_jobs(cursor: Any) -> str | None:
+    """Schedule pgmb's jobs if pg_cron is installed in this database; say what was done."""
+    if capabilities(cursor).pg_cron_version is None:
+        return None
+    cursor.execute("SELECT pgmb.cron_install()")
+    return cursor.fetchone()[0]

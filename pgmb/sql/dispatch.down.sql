@@ -1,0 +1,15 @@
+SELECT pgmb.cron_uninstall();
+DROP PROCEDURE IF EXISTS pgmb.dispatch_loop(float8, integer, text[], float8);
+DROP FUNCTION IF EXISTS pgmb.cron_uninstall();
+DROP FUNCTION IF EXISTS pgmb.cron_install(integer);
+DROP FUNCTION IF EXISTS pgmb.cron_version();
+DROP FUNCTION IF EXISTS pgmb.maintenance(interval);
+DROP FUNCTION IF EXISTS pgmb.post(text, text, jsonb, float8);
+DROP FUNCTION IF EXISTS pgmb.http_transport();
+DROP FUNCTION IF EXISTS pgmb.post_via_plpython(text, text, jsonb, float8);
+DROP FUNCTION IF EXISTS pgmb.post_via_http(text, text, jsonb, float8);
+DROP FUNCTION IF EXISTS pgmb.http_outcome(integer, text, text, text, timestamptz, integer);
+DROP FUNCTION IF EXISTS pgmb.retry_after_seconds(text);
+DROP FUNCTION IF EXISTS pgmb.request_headers(pgmb.claimed, bigint);
+DROP FUNCTION IF EXISTS pgmb.hmac_sha256(bytea, bytea);
+DROP TYPE IF EXISTS pgmb.http_outcome;

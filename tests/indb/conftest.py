@@ -1,0 +1,53 @@
+"""The in-database dispatcher: a procedure CALLed on its own autocommit connection (it
+COMMITs), posting through the http stand-in (tests/pg_http) or PL/Python."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from django.db import connection
+
+TRANSPORTS = ["http", "plpython3u"]
+
+
+@pytest.fixture
+def pg(transactional_db) -> Iterator[psycopg.Connection]:
+    conn = psycopg.connect(**_params(), autocommit=True)
+    yield conn
+    conn.close()
+
+
+def _params() -> dict:
+    params = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    return params
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request, pg) -> Iterator[str]:
+    """Run the test once with each transport; the http extension is dropped afterwards."""
+    if request.param == "http":
+        available = pg.execute(
+            "SELECT count(*) FROM pg_available_extensions WHERE name = 'http'"
+        ).fetchone()[0]
+        if not available:
+            pytest.skip("the http stand-in is not installed (tests/pg_http/install.sh, as root)")
+        pg.execute("CREATE EXTENSION IF NOT EXISTS http CASCADE")
+    else:
+        pg.execute("DROP EXTENSION IF EXISTS http")
+        if pg.execute("SELECT pgmb.http_transport()").fetchone()[0] != "plpython3u":
+            pytest.skip("plpython3u is not installed in the test database")
+    assert pg.execute("SELECT pgmb.http_transport()").fetchone()[0] == request.param
+    yield request.param
+    pg.execute("DROP EXTENSION IF EXISTS http")
+
+
+@pytest.fixture
+def dispatch_loop(pg) -> Callable[..., None]:
+    def call(seconds: float = 1.0, batch: int = 50) -> None:
+        pg.execute("CALL pgmb.dispatch_loop(%s, %s)", (seconds, batch))
+
+    return call

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Install the pgsql-http stand-in (extension "http", PL/Python) into PostgreSQL's extension
+# folder, so that tests can run CREATE EXTENSION http. Safe to run again and again.
+#
+#   tests/pg_http/install.sh [SHAREDIR]
+#
+# SHAREDIR (or $PG_SHAREDIR) is PostgreSQL's share directory. Otherwise it is asked of
+# $PG_BINDIR/pg_config (the server scripts/pgcluster.sh would start), then of pg_config on
+# the PATH, and failing both it is /usr/share/postgresql/<newest /usr/lib/postgresql/*>.
+# A real pgsql-http found there is left alone. Writing there usually needs root.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+marker=pgmb-standin
+files=(http.control http--1.6.sql)
+
+sharedir=${1:-${PG_SHAREDIR:-}}
+if [ -z "$sharedir" ] && [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/pg_config" ]; then
+  sharedir=$("$PG_BINDIR/pg_config" --sharedir)
+fi
+if [ -z "$sharedir" ] && command -v pg_config >/dev/null 2>&1; then
+  sharedir=$(pg_config --sharedir)
+fi
+if [ -z "$sharedir" ]; then
+  newest=$(ls -d /usr/lib/postgresql/*/ 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -z "$newest" ]; then
+    echo "pg_http/install.sh: no pg_config and no /usr/lib/postgresql/<version>: is PostgreSQL installed? ('make deps' as root installs it)" >&2
+    exit 1
+  fi
+  sharedir=/usr/share/postgresql/$(basename "$newest")
+fi
+extdir=$sharedir/extension
+if [ ! -f "$extdir/plpgsql.control" ]; then
+  echo "pg_http/install.sh: $extdir is not a PostgreSQL extension folder (no plpgsql.control); pass the share directory as argument" >&2
+  exit 1
+fi
+
+if [ -f "$extdir/http.control" ] && ! grep -q "$marker" "$extdir/http.control"; then
+  echo "pg_http/install.sh: the real pgsql-http is installed in $extdir; leaving it (the tests use it)"
+  exit 0
+fi
+
+missing=()
+for f in "${files[@]}"; do
+  cmp -s "$here/$f" "$extdir/$f" || missing+=("$f")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "pg_http/install.sh: the http stand-in is up to date in $extdir"
+  exit 0
+fi
+
+if [ ! -w "$extdir" ]; then
+  echo "pg_http/install.sh: cannot write to $extdir; run it as root (sudo $0) to install the http stand-in (${missing[*]})" >&2
+  exit 1
+fi
+for f in "${missing[@]}"; do
+  install -m 0644 "$here/$f" "$extdir/$f"
+done
+echo "pg_http/install.sh: installed the http stand-in (${missing[*]}) into $extdir"

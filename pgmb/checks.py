@@ -64,15 +64,23 @@ def check_server(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
     return []
 
 
-@register("pgmb")
-def check_in_database_dispatch(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+@register(Tags.database)
+def check_in_database_dispatch(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
     """What the in-database dispatch path (pg_cron + http/plpython3u) lacks, and what to do.
 
-    Only warnings: ``manage.py pgmb_dispatch`` works without any of it. Silence them with
-    ``SILENCED_SYSTEM_CHECKS = ["pgmb.W001", ...]`` if you dispatch only from Python.
+    A database check, so it runs in ``manage.py check --database default`` and ``migrate``,
+    not before every command. Only warnings: ``manage.py pgmb_dispatch`` works without any
+    of it. Silence them with ``SILENCED_SYSTEM_CHECKS`` if you dispatch only from Python.
     """
     alias = conf.get().DATABASE
-    if alias not in settings.DATABASES or connections[alias].vendor != "postgresql":
+    if (
+        not databases
+        or alias not in databases
+        or alias not in settings.DATABASES
+        or connections[alias].vendor != "postgresql"
+    ):
         return []
     try:
         with connections[alias].cursor() as cursor:
@@ -114,9 +122,9 @@ def check_in_database_dispatch(app_configs: Any = None, **kwargs: Any) -> list[W
             Warning(
                 "No HTTP transport for the in-database dispatcher (neither the http extension "
                 "nor plpython3u).",
-                hint="Install pgsql-http (CREATE EXTENSION http) or PL/Python "
-                "(postgresql-plpython3-NN, then re-run 'manage.py migrate pgmb' or "
-                "'manage.py pgmb_cron install'); or dispatch with 'manage.py pgmb_dispatch'.",
+                hint="Install pgsql-http (CREATE EXTENSION http), or PL/Python (Debian: "
+                "postgresql-plpython3-NN) and run 'manage.py pgmb_cron install' as a "
+                "superuser; or dispatch with 'manage.py pgmb_dispatch' instead.",
                 id="pgmb.W004",
             )
         )

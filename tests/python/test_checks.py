@@ -56,3 +56,20 @@ def test_server_check_passes_on_postgres_15():
     assert check_server(databases=["default"]) == []
     found = checks.run_checks(databases=["default"], include_deployment_checks=False)
     assert [m for m in found if m.level >= checks.ERROR] == []
+
+
+@pytest.mark.django_db
+def test_in_database_dispatch_checks_say_what_is_missing(sql):
+    from pgmb.checks import check_in_database_dispatch
+
+    assert check_in_database_dispatch() == []  # only with --database
+    found = {m.id: m for m in check_in_database_dispatch(databases=["default"])}
+    [(has_cron,)] = sql("SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'")
+    if not has_cron:
+        assert "pgmb.W003" in found
+        assert "pgmb_cron install" in found["pgmb.W003"].hint
+    assert "pgmb.W004" not in found  # plpython3u is in the test cluster
+    sql("DROP FUNCTION pgmb.post_via_plpython(text, text, jsonb, float8)")
+    found = {m.id: m for m in check_in_database_dispatch(databases=["default"])}
+    assert "PL/Python" in found["pgmb.W004"].hint
+    assert "pgmb_dispatch" in found["pgmb.W004"].hint

@@ -37,6 +37,8 @@ class Command(BaseCommand):
 
     def install(self, cursor: Any, batch: int) -> None:
         caps = indb.capabilities(cursor)
+        if caps.transport is None:
+            indb.install_plpython_transport(cursor)
         if caps.pg_cron_version is None:
             if not caps.pg_cron_preloaded:
                 raise CommandError(
@@ -49,8 +51,6 @@ class Command(BaseCommand):
                     f"set cron.database_name = '{caps.database}' and restart PostgreSQL"
                 )
             cursor.execute(sql.query("indb.sql", "create_pg_cron"))
-        if caps.transport is None:
-            indb.install_plpython_transport(cursor)
         cursor.execute("SELECT pgmb.cron_install(%s)", (batch,))
         self.stdout.write(f"scheduled {cursor.fetchone()[0]}")
         transport = indb.capabilities(cursor).transport

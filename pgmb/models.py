@@ -9,11 +9,12 @@ delivery leaves it (its attempts stay in ``pgmb_attempt``), once dead it moves t
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 
 import pgtrigger
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, URLValidator
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -45,6 +46,19 @@ def validate_routing_key(value: str) -> None:
     _validate(routing.validate_routing_key, value)
 
 
+#: The rule pgmb.prepare_worker() applies in SQL: http(s), a host (single-label hosts such
+#: as "http://web:8000/" included, unlike Django's URLValidator), no blanks.
+ENDPOINT_RE = re.compile(r"https?://[^/?#\s]+(?:[/?#]\S*)?", re.IGNORECASE)
+
+
+def validate_endpoint(value: str) -> None:
+    if not isinstance(value, str) or not ENDPOINT_RE.fullmatch(value):
+        raise ValidationError(
+            _("Enter an http:// or https:// URL without blanks, like http://orders:8000/hook."),
+            code="invalid",
+        )
+
+
 def _trigger(name: str, **kwargs) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
@@ -74,7 +88,7 @@ class Worker(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=48, unique=True, validators=[validate_worker_name])
-    endpoint = models.URLField(max_length=2000, validators=[URLValidator(["http", "https"])])
+    endpoint = models.CharField(max_length=2000, validators=[validate_endpoint])
     rps = models.PositiveIntegerField(
         _("requests per second"), default=10, validators=[MinValueValidator(1)]
     )

@@ -125,9 +125,9 @@ class Migration(migrations.Migration):
                 ),
                 (
                     "endpoint",
-                    models.URLField(
+                    models.CharField(
                         max_length=2000,
-                        validators=[django.core.validators.URLValidator(["http", "https"])],
+                        validators=[pgmb.models.validate_endpoint],
                     ),
                 ),
                 (

@@ -1,5 +1,6 @@
 SELECT pgmb.cron_uninstall();
-DROP PROCEDURE IF EXISTS pgmb.dispatch_loop(float8, integer, text[], float8);
+DROP PROCEDURE IF EXISTS pgmb.dispatch_loop(float8, integer, text[], float8, boolean);
+DROP FUNCTION IF EXISTS pgmb.cron_job_scheduled();
 DROP FUNCTION IF EXISTS pgmb.cron_uninstall();
 DROP FUNCTION IF EXISTS pgmb.cron_install(integer);
 DROP FUNCTION IF EXISTS pgmb.cron_version();

@@ -137,11 +137,26 @@ BEGIN
     END CASE;
 END $$;
 
+-- Whether the pg_cron dispatch job exists (a running loop ends when it is unscheduled).
+CREATE OR REPLACE FUNCTION pgmb.cron_job_scheduled() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    found boolean;
+BEGIN
+    IF to_regclass('cron.job') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM cron.job WHERE jobname = ''pgmb-dispatch'' AND active)' INTO found;
+    RETURN found;
+END $$;
+
 -- Dispatch for `seconds`: claim a batch (COMMIT), POST each delivery and record its outcome
 -- (COMMIT after each), so no row lock is held across a request and one failure never undoes
 -- another's ack. Run by pg_cron; also CALLable by hand. Must be CALLed outside a transaction.
+-- As a pg_cron job (as_job), it also stops as soon as its job is unscheduled.
 CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT 50,
-                                               queue_names text[] DEFAULT NULL, burst float8 DEFAULT 0.2)
+                                               queue_names text[] DEFAULT NULL, burst float8 DEFAULT 0.2,
+                                               as_job boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
     deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
@@ -156,6 +171,7 @@ BEGIN
         RAISE EXCEPTION 'pgmb: no HTTP transport in this database' USING ERRCODE = 'feature_not_supported';
     END IF;
     WHILE clock_timestamp() < deadline LOOP
+        EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
         IF clock_timestamp() >= next_reclaim THEN
             PERFORM pgmb.reclaim_expired();
             next_reclaim := clock_timestamp() + interval '5 seconds';
@@ -233,10 +249,10 @@ BEGIN
     END IF;
     IF version >= ARRAY[1, 5] THEN
         schedule := '1 seconds';
-        command := format('CALL pgmb.dispatch_loop(0.9, %s)', batch);
+        command := format('CALL pgmb.dispatch_loop(0.9, %s, as_job => true)', batch);
     ELSE
         schedule := '* * * * *';
-        command := format('CALL pgmb.dispatch_loop(55, %s)', batch);
+        command := format('CALL pgmb.dispatch_loop(55, %s, as_job => true)', batch);
     END IF;
     EXECUTE 'SELECT cron.schedule($1, $2, $3)' USING 'pgmb-dispatch', schedule, command;
     EXECUTE 'SELECT cron.schedule($1, $2, $3)' USING 'pgmb-maintenance', '* * * * *', 'SELECT pgmb.maintenance()';

@@ -17,18 +17,28 @@ def cron(pg):
     pg.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
     yield pg
     pg.execute("SELECT pgmb.cron_uninstall()")
-    # A dispatch loop started by a job runs on for up to 55 s: stop it here.
-    pg.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE query LIKE 'CALL pgmb.dispatch_loop%%' AND pid <> pg_backend_pid()"
-    )
+    # A loop a job started sees its job gone and ends within one iteration.
+    _wait_until_no_loop(pg)
     pg.execute("DROP EXTENSION pg_cron")
+
+
+def _wait_until_no_loop(pg, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CALL pgmb.dispatch_loop%%' "
+        "AND pid <> pg_backend_pid()"
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline, "a dispatch loop outlived its pg_cron job"
+        time.sleep(0.1)
 
 
 def test_install_status_uninstall(cron):
     out = StringIO()
     call_command("pgmb_cron", "install", stdout=out)
-    assert "pgmb-dispatch: * * * * *  CALL pgmb.dispatch_loop(55, 50)" in out.getvalue()
+    assert (
+        "pgmb-dispatch: * * * * *  CALL pgmb.dispatch_loop(55, 50, as_job => true)"
+        in out.getvalue()
+    )
     jobs = dict(cron.execute("SELECT jobname, schedule FROM cron.job").fetchall())
     assert jobs == {"pgmb-dispatch": "* * * * *", "pgmb-maintenance": "* * * * *"}
     out = StringIO()
@@ -61,6 +71,10 @@ def test_pg_cron_runs_the_dispatcher(cron, recording_server, make_worker, make_q
         "WHERE j.jobname = 'pgmb-dispatch'"
     ).fetchone()[0]
     assert runs >= 1
+    [(loops,)] = cron.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CALL pgmb.dispatch_loop%%'"
+    ).fetchall()
+    assert loops == 1  # the job's loop is visible (the fixture then checks it stops)
 
 
 def test_maintenance_reclaims_and_trims(cron, make_queue):

@@ -15,12 +15,22 @@ def test_queue_pattern_is_compiled_by_the_database(make_queue):
 
 
 @pytest.mark.parametrize(
+    "endpoint", ["http://web:8000/hook", "https://orders.internal/x?y=1", "HTTP://127.0.0.1/"]
+)
+def test_endpoints_the_database_accepts_pass_validation(db, endpoint):
+    Worker(name="w", endpoint=endpoint).full_clean()
+    Worker.objects.create(name="w", endpoint=endpoint)
+
+
+@pytest.mark.parametrize(
     ("fields", "bad_field"),
     [
         ({"name": "Bad Name"}, "name"),
         ({"name": "x'; drop table pgmb_worker; --"}, "name"),
         ({"endpoint": "ftp://example.com/"}, "endpoint"),
         ({"endpoint": "not a url"}, "endpoint"),
+        ({"endpoint": "http://"}, "endpoint"),
+        ({"endpoint": "http://a b/"}, "endpoint"),
         ({"rps": 0}, "rps"),
         ({"timeout": 0}, "timeout"),
     ],

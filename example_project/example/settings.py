@@ -1,0 +1,100 @@
+"""Settings of the pgmb example project: a shop whose orders publish messages.
+
+The database is named by the libpq environment variables, so the same settings serve the
+demo cluster of ``make demo`` and any other PostgreSQL:
+
+    PGHOST (127.0.0.1)  PGPORT (5432)  PGUSER (postgres)  PGPASSWORD ()  PGDATABASE (pgmb_demo)
+"""
+
+import os
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "pgmb-example-not-a-secret")
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") != "0"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    # pgmb installs its routing trigger with django-pgtrigger.
+    "pgtrigger",
+    "pgmb",
+    "shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "example.urls"
+WSGI_APPLICATION = "example.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": os.environ.get("PGHOST") or "127.0.0.1",
+        "PORT": os.environ.get("PGPORT") or "5432",
+        "USER": os.environ.get("PGUSER") or "postgres",
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        "NAME": os.environ.get("PGDATABASE") or "pgmb_demo",
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+USE_I18N = True
+
+STATIC_URL = "static/"
+
+# Every pgmb setting, at its default value. Leave out the ones you do not change.
+PGMB = {
+    # The database alias pgmb publishes to and dispatches from.
+    "DATABASE": "default",
+    # Encodes message bodies and headers (dates, decimals and UUIDs become strings).
+    "JSON_ENCODER": "django.core.serializers.json.DjangoJSONEncoder",
+    # Messages per INSERT when `manage.py pgmb_send --file` publishes in bulk.
+    "SEND_BATCH_SIZE": 1000,
+    # Defaults of new queues and workers; each queue or worker can override them.
+    "DEFAULT_MAX_RETRIES": 5,  # a message gets 1 + max_retries attempts, then dead-letters
+    "DEFAULT_BACKOFF_BASE": 1.0,  # seconds before the first retry; doubles each time
+    "DEFAULT_BACKOFF_MAX": 300.0,  # cap of the backoff, in seconds
+    "DEFAULT_LEASE_SECONDS": 60.0,  # a claimed delivery is invisible this long
+    "DEFAULT_TIMEOUT": 10.0,  # HTTP timeout of a worker's requests, in seconds
+    # The external dispatcher, `manage.py pgmb_dispatch`: requests in flight, deliveries per
+    # claim, longest sleep between polls without a notification, and how often it takes
+    # back the leases of dispatchers that died.
+    "DISPATCH_CONCURRENCY": 64,
+    "DISPATCH_BATCH": 100,
+    "DISPATCH_POLL_INTERVAL": 1.0,
+    "DISPATCH_RECLAIM_INTERVAL": 5.0,
+    # A worker's token bucket holds rps * RATE_BURST requests (at least one).
+    "RATE_BURST": 0.2,
+    # Bytes of a failed response's body kept in the attempt log.
+    "RESPONSE_BODY_LIMIT": 500,
+}

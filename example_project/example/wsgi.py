@@ -1,0 +1,8 @@
+"""WSGI entry point of the example project."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example.settings")
+application = get_wsgi_application()

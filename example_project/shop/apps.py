@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class ShopConfig(AppConfig):
+    name = "shop"
+    verbose_name = "Example shop"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,19 @@
+"""The operator's console: pgmb's models in the Django admin.
+
+Workers and queues are edited here (their forms check every rule the database enforces);
+messages, live deliveries, dead letters and the attempt log are read-only views of what
+the broker did. Importing this package registers the ModelAdmins (Django's admin
+autodiscovery does it).
+"""
+
+from .messages import AttemptAdmin, DeadLetterAdmin, DeliveryAdmin, MessageAdmin
+from .topology import QueueAdmin, WorkerAdmin
+
+__all__ = [
+    "AttemptAdmin",
+    "DeadLetterAdmin",
+    "DeliveryAdmin",
+    "MessageAdmin",
+    "QueueAdmin",
+    "WorkerAdmin",
+]

@@ -1,0 +1,89 @@
+"""Pieces shared by pgmb's ModelAdmins."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Model, OuterRef, QuerySet, Subquery
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timezone import now
+
+from ..models import Message, Queue
+
+
+class ReadOnlyMixin:
+    """View-only in the admin: these rows change only through pgmb's SQL state machine."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
+class ReadOnlyInline(ReadOnlyMixin, admin.TabularInline):
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+
+
+class MessageIdSearchMixin:
+    """A search term that is a UUID finds the message with that id (exact, indexed)."""
+
+    #: The field holding the message id on this admin's model.
+    message_id_field = "message_id"
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        try:
+            message_id = uuid.UUID(term)
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)  # type: ignore[misc]
+        return queryset.filter(**{self.message_id_field: message_id}), False
+
+
+def queue_name_of(field: str = "queue_id") -> Subquery:
+    """The queue's name, without a join that would hide rows whose queue was deleted."""
+    return Subquery(Queue.objects.filter(pk=OuterRef(field)).values("name")[:1])
+
+
+def routing_key_of(field: str = "message_id") -> Subquery:
+    """The message's routing key, without a join that would hide rows of purged messages."""
+    return Subquery(Message.objects.filter(pk=OuterRef(field)).values("routing_key")[:1])
+
+
+def message_link(message_id: uuid.UUID, routing_key: str | None) -> SafeString:
+    """A link to the message, labelled with its routing key (no link once it was purged)."""
+    if routing_key is None:
+        return format_html("{} (message purged)", message_id)
+    url = reverse("admin:pgmb_message_change", args=[message_id])
+    return format_html('<a href="{}" title="{}">{}</a>', url, message_id, routing_key)
+
+
+def pretty_json(value: Any) -> SafeString:
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return format_html(
+        '<pre class="pgmb-json" style="margin:0;white-space:pre-wrap">{}</pre>', text
+    )
+
+
+def delivery_status(state: str, available_at: Any) -> str:
+    """ready / delayed / leased, as in the SQL view pgmb.queue_entries.
+
+    A lease that has run out is shown as ready: the delivery can be claimed again.
+    """
+    if available_at <= now():
+        return "ready"
+    return "leased" if state == "leased" else "delayed"

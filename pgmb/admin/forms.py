@@ -1,0 +1,61 @@
+"""Admin forms. The rules the database enforces are the models' validators too (see
+pgmb.models), so an operator gets a form error next to the field, not a trigger error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Worker
+
+
+class WorkerForm(forms.ModelForm):
+    """Worker form whose secret is write-only: it is never rendered back into the page."""
+
+    secret = forms.CharField(
+        required=False,
+        max_length=200,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+    )
+    clear_secret = forms.BooleanField(
+        required=False,
+        label=_("Remove the secret"),
+        help_text=_("Send unsigned requests from now on."),
+    )
+
+    class Meta:
+        model = Worker
+        fields = ["name", "endpoint", "rps", "timeout", "active", "secret"]
+        widgets = {"endpoint": forms.URLInput(attrs={"class": "vURLField"})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and self.instance.secret:
+            self.fields["secret"].help_text = _(
+                "A secret is set. Leave blank to keep it, or type a new one to replace it. "
+                "Requests are signed the Standard Webhooks way."
+            )
+        else:
+            self.fields["secret"].help_text = _(
+                "Optional. When set, requests are signed the Standard Webhooks way."
+            )
+            del self.fields["clear_secret"]
+
+    def clean_secret(self) -> str:
+        secret = self.cleaned_data.get("secret", "")
+        if not secret and self.instance.pk:
+            # The field is never pre-filled, so a blank one means "unchanged".
+            return self.initial.get("secret") or ""
+        return secret
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("clear_secret"):
+            if self.data.get(self.add_prefix("secret")):
+                self.add_error("secret", _("Either type a new secret or remove it, not both."))
+            else:
+                data["secret"] = ""
+        return data

@@ -1,0 +1,223 @@
+"""Messages, and what became of them: live deliveries, dead letters, the attempt log.
+
+All of it is read-only here: rows move only through pgmb's SQL state machine.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
+from django.http import HttpRequest
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Attempt, DeadLetter, Delivery, Message
+from .common import (
+    MessageIdSearchMixin,
+    ReadOnlyInline,
+    ReadOnlyMixin,
+    delivery_status,
+    message_link,
+    pretty_json,
+    queue_name_of,
+    routing_key_of,
+)
+
+
+def _duration(obj: Attempt) -> str:
+    return "-" if obj.duration_ms is None else f"{obj.duration_ms:.1f} ms"
+
+
+def routed() -> ExpressionWrapper:
+    """Whether a message reached any queue: the ``routed`` column of the view pgmb.messages.
+
+    A routed message always has a live delivery, a dead letter or an attempt, whichever
+    stage it is at; one with none of them matched no binding when it was published.
+    """
+    return ExpressionWrapper(
+        Q(Exists(Delivery.objects.filter(message=OuterRef("pk"))))
+        | Q(Exists(DeadLetter.objects.filter(message=OuterRef("pk"))))
+        | Q(Exists(Attempt.objects.filter(message=OuterRef("pk")))),
+        output_field=BooleanField(),
+    )
+
+
+class RoutedFilter(admin.SimpleListFilter):
+    title = _("routed")
+    parameter_name = "routed"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin):
+        return (("yes", _("Yes")), ("no", _("No: matched no queue")))
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        if self.value() == "yes":
+            return queryset.filter(is_routed=True)
+        if self.value() == "no":
+            return queryset.filter(is_routed=False)
+        return None
+
+
+class DeliveryInline(ReadOnlyInline):
+    model = Delivery
+    verbose_name_plural = _("live deliveries")
+    fields = ("queue", "status", "attempts", "available_at", "created_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("queue")
+
+    @admin.display(description=_("status"))
+    def status(self, obj: Delivery) -> str:
+        return delivery_status(obj.state, obj.available_at)
+
+
+class DeadLetterInline(ReadOnlyInline):
+    model = DeadLetter
+    fields = ("queue", "attempts", "last_status", "last_error", "created_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("queue")
+
+
+class AttemptInline(ReadOnlyInline):
+    model = Attempt
+    verbose_name_plural = _("attempts")
+    fields = (
+        "queue_name",
+        "attempt",
+        "outcome",
+        "status_code",
+        "duration",
+        "error",
+        "created_at",
+    )
+    readonly_fields = fields
+    ordering = ("created_at", "id")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(queue_name=queue_name_of())
+
+    @admin.display(description=_("queue"))
+    def queue_name(self, obj: Attempt) -> str:
+        return obj.queue_name or f"{obj.queue_id} (deleted)"
+
+    @admin.display(description=_("duration"), ordering="duration_ms")
+    def duration(self, obj: Attempt) -> str:
+        return _duration(obj)
+
+
+@admin.register(Message)
+class MessageAdmin(MessageIdSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
+    message_id_field = "id"
+    list_display = ("id", "routing_key", "created_at", "available_at", "is_routed")
+    list_filter = (RoutedFilter,)
+    search_fields = ("routing_key",)
+    # Counting a large table twice (filtered and total) is the slow part of a changelist.
+    show_full_result_count = False
+    list_per_page = 100
+    fields = (
+        "id",
+        "routing_key",
+        "created_at",
+        "available_at",
+        "is_routed",
+        "pretty_body",
+        "pretty_headers",
+    )
+    readonly_fields = fields
+    inlines = (DeliveryInline, DeadLetterInline, AttemptInline)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(is_routed=routed())
+
+    @admin.display(boolean=True, description=_("routed"), ordering="is_routed")
+    def is_routed(self, obj: Message) -> bool:
+        return obj.is_routed
+
+    @admin.display(description=_("body"))
+    def pretty_body(self, obj: Message) -> SafeString:
+        return pretty_json(obj.body)
+
+    @admin.display(description=_("headers"))
+    def pretty_headers(self, obj: Message) -> SafeString:
+        return pretty_json(obj.headers)
+
+
+class _ByMessageAdmin(MessageIdSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
+    """Lists of rows that belong to a message and a queue (search: a message id)."""
+
+    search_fields = ("message__routing_key",)
+    search_help_text = _("A message id, or part of a routing key.")
+    show_full_result_count = False
+    list_per_page = 100
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(routing_key=routing_key_of())
+
+    @admin.display(description=_("message"))
+    def message_ref(self, obj) -> SafeString:
+        return message_link(obj.message_id, obj.routing_key)
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(_ByMessageAdmin):
+    list_display = (
+        "id",
+        "message_ref",
+        "queue",
+        "status",
+        "attempts",
+        "available_at",
+        "created_at",
+    )
+    list_filter = ("state", "queue")
+    list_select_related = ("queue",)
+    ordering = ("available_at", "id")
+
+    @admin.display(description=_("status"), ordering="available_at")
+    def status(self, obj: Delivery) -> str:
+        return delivery_status(obj.state, obj.available_at)
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(_ByMessageAdmin):
+    list_display = (
+        "id",
+        "message_ref",
+        "queue",
+        "attempts",
+        "last_status",
+        "last_error",
+        "created_at",
+    )
+    list_filter = ("queue", "last_status")
+    list_select_related = ("queue",)
+    ordering = ("-created_at", "-id")
+
+
+@admin.register(Attempt)
+class AttemptAdmin(_ByMessageAdmin):
+    list_display = (
+        "id",
+        "message_ref",
+        "queue_name",
+        "attempt",
+        "outcome",
+        "status_code",
+        "duration",
+        "created_at",
+    )
+    list_filter = ("outcome", "queue")
+    ordering = ("-created_at", "-id")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(queue_name=queue_name_of())
+
+    @admin.display(description=_("queue"))
+    def queue_name(self, obj: Attempt) -> str:
+        return obj.queue_name or f"{obj.queue_id} (deleted)"
+
+    @admin.display(description=_("duration"), ordering="duration_ms")
+    def duration(self, obj: Attempt) -> str:
+        return _duration(obj)

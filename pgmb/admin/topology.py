@@ -1,0 +1,165 @@
+"""Workers and queues: the part of the broker an operator edits."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from .. import routing
+from ..models import DeadLetter, Delivery, Queue, Worker
+from .forms import WorkerForm
+
+
+def _count_per_queue(model: type) -> Coalesce:
+    """A correlated COUNT per queue (as the SQL view pgmb.queues does it).
+
+    Two Count() joins in one query would multiply each other's rows; subqueries don't.
+    """
+    counts = (
+        model.objects.filter(queue=OuterRef("pk"))
+        .order_by()
+        .values("queue")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    return Coalesce(Subquery(counts, output_field=IntegerField()), Value(0))
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    form = WorkerForm
+    list_display = ("name", "endpoint", "rps", "timeout", "active", "signed", "queue_count")
+    list_filter = ("active",)
+    search_fields = ("name", "endpoint")
+    readonly_fields = ("id", "created_at")
+    fieldsets = (
+        (None, {"fields": ("name", "endpoint", "rps", "timeout", "active")}),
+        (_("Request signing"), {"fields": ("secret", "clear_secret")}),
+        (_("Record"), {"fields": ("id", "created_at"), "classes": ("collapse",)}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(n_queues=Count("queues"))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.secret:
+            # Without a stored secret WorkerForm has no "remove the secret" box.
+            fieldsets = tuple(
+                (title, {**opts, "fields": tuple(f for f in opts["fields"] if f != "clear_secret")})
+                for title, opts in fieldsets
+            )
+        return fieldsets
+
+    @admin.display(boolean=True, description=_("signed"))
+    def signed(self, obj: Worker) -> bool:
+        return bool(obj.secret)
+
+    @admin.display(description=_("queues"), ordering="n_queues")
+    def queue_count(self, obj: Worker) -> SafeString:
+        url = reverse("admin:pgmb_queue_changelist")
+        return format_html('<a href="{}?worker__id__exact={}">{}</a>', url, obj.pk, obj.n_queues)
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "binding_key",
+        "worker",
+        "max_retries",
+        "paused",
+        "pending",
+        "dead_letters",
+    )
+    list_filter = ("paused", "worker")
+    list_select_related = ("worker",)
+    search_fields = ("name", "binding_key")
+    readonly_fields = ("pattern", "sql_views", "id", "created_at")
+    actions = ("pause", "resume")
+    fieldsets = (
+        (None, {"fields": ("name", "binding_key", "pattern", "worker", "paused")}),
+        (
+            _("Retries"),
+            {"fields": ("max_retries", "backoff_base", "backoff_max", "lease_seconds")},
+        ),
+        (_("Monitoring"), {"fields": ("sql_views", "id", "created_at")}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_pending=_count_per_queue(Delivery),
+                n_dead_letters=_count_per_queue(DeadLetter),
+            )
+        )
+
+    def get_form(self, request: HttpRequest, obj: Queue | None = None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is not None:
+            queue_view, dead_view = obj.view_names
+            hint = _(
+                "Its SQL views are pgmb.%(queue)s and pgmb.%(dead)s; renaming the queue "
+                "renames them."
+            )
+        else:
+            queue_view, dead_view = Queue(name="order_queue").view_names
+            hint = _(
+                "Lower-case letters, digits and underscores. A queue named order_queue (or "
+                "order) gets the SQL views pgmb.%(queue)s and pgmb.%(dead)s."
+            )
+        form.base_fields["name"].help_text = hint % {"queue": queue_view, "dead": dead_view}
+        return form
+
+    @admin.display(description=_("pending"), ordering="n_pending")
+    def pending(self, obj: Queue) -> int:
+        return obj.n_pending
+
+    @admin.display(description=_("dead letters"), ordering="n_dead_letters")
+    def dead_letters(self, obj: Queue) -> SafeString | int:
+        if not obj.n_dead_letters:
+            return 0
+        url = reverse("admin:pgmb_deadletter_changelist")
+        return format_html(
+            '<a href="{}?queue__id__exact={}">{}</a>', url, obj.pk, obj.n_dead_letters
+        )
+
+    @admin.display(description=_("SQL views"))
+    def sql_views(self, obj: Queue) -> SafeString | str:
+        if obj._state.adding or not obj.name:
+            return _("Created when the queue is saved.")
+        queue_view, dead_view = routing.queue_view_names(obj.name)
+        return format_html(
+            "<code>SELECT * FROM pgmb.{} WHERE acknoledge = false;</code><br>"
+            "<code>SELECT * FROM pgmb.{};</code>",
+            queue_view,
+            dead_view,
+        )
+
+    @admin.action(description=_("Pause the selected queues (deliveries wait)"))
+    def pause(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._set_paused(request, queryset, True)
+
+    @admin.action(description=_("Resume the selected queues"))
+    def resume(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._set_paused(request, queryset, False)
+
+    def _set_paused(self, request: HttpRequest, queryset: QuerySet, paused: bool) -> None:
+        # .update() skips the annotations and runs one statement; the row triggers still
+        # fire, so the SQL views stay right.
+        n = queryset.exclude(paused=paused).update(paused=paused)
+        text = (
+            ngettext("%d queue paused.", "%d queues paused.", n)
+            if paused
+            else ngettext("%d queue resumed.", "%d queues resumed.", n)
+        )
+        self.message_user(request, text % n, messages.SUCCESS)

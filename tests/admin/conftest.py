@@ -1,0 +1,44 @@
+"""Helpers of the admin tests: pages are fetched with Django's test client, logged in as a
+superuser, against the real test database."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+
+def url(name: str, *args: Any) -> str:
+    return reverse(f"admin:pgmb_{name}", args=args)
+
+
+def form_errors(response) -> dict[str, list[str]]:
+    """The field errors of the admin form a response re-displayed ({} if it was accepted)."""
+    if response.status_code == 302:
+        return {}
+    assert response.status_code == 200, response.status_code
+    form = response.context["adminform"].form
+    return {field: list(messages) for field, messages in form.errors.items()}
+
+
+def table_rows(response) -> list[str]:
+    """The result rows of a changelist page, as HTML snippets."""
+    html = response.content.decode()
+    table = html.split('id="result_list"', 1)[1].split("</table>", 1)[0]
+    return re.findall(r"<tr[^>]*>(.*?)</tr>", table.split("<tbody>", 1)[1], re.S)
+
+
+@pytest.fixture
+def count_queries():
+    """Run a callable and return how many queries it took."""
+
+    def run(fn) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            fn()
+        return len(captured)
+
+    return run

@@ -1,0 +1,182 @@
+"""Workers in the admin: the list, the add form's checks, and the write-only secret."""
+
+import pytest
+from django.utils.html import escape
+
+from pgmb.models import Worker
+
+from .conftest import form_errors, table_rows, url
+
+
+def worker_data(**changes):
+    data = {
+        "name": "orders",
+        "endpoint": "https://orders.example.com/hook",
+        "rps": "25",
+        "timeout": "5",
+        "active": "on",
+        "secret": "",
+        "_save": "Save",
+    }
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def test_changelist_lists_workers_with_their_queue_counts(admin_client, make_worker, make_queue):
+    billing = make_worker("billing", "https://billing.example.com/in", rps=7, secret="s3cr3t-xyz")
+    make_worker("idle", "http://127.0.0.1:9000/", active=False)
+    make_queue("invoice.*", name="invoices", worker=billing)
+    make_queue("refund.#", name="refunds", worker=billing)
+
+    response = admin_client.get(url("worker_changelist"))
+
+    assert response.status_code == 200
+    rows = {row.split("</a>")[0].rsplit(">", 1)[1]: row for row in table_rows(response)}
+    assert set(rows) == {"billing", "idle"}
+    assert "https://billing.example.com/in" in rows["billing"]
+    assert '<td class="field-rps">7</td>' in rows["billing"]
+    assert f'worker__id__exact={billing.pk}">2</a>' in rows["billing"]
+    assert '<td class="field-queue_count"><a' in rows["idle"]
+    assert ">0</a>" in rows["idle"]
+    assert 'alt="False"' in rows["idle"]  # not active, not signed
+    # The secret shows as "signed" and nowhere as text.
+    assert "s3cr3t-xyz" not in response.content.decode()
+
+
+def test_changelist_search_finds_by_name_and_endpoint(admin_client, make_worker):
+    make_worker("billing", "https://billing.example.com/in")
+    make_worker("shipping", "https://ship.example.org/in")
+
+    by_name = admin_client.get(url("worker_changelist"), {"q": "bill"})
+    by_host = admin_client.get(url("worker_changelist"), {"q": "example.org"})
+
+    assert [">billing<" in row for row in table_rows(by_name)] == [True]
+    assert [">shipping<" in row for row in table_rows(by_host)] == [True]
+
+
+def test_add_form_creates_the_worker(admin_client, db):
+    response = admin_client.post(url("worker_add"), worker_data(secret="whsec_abc"))
+
+    assert form_errors(response) == {}
+    worker = Worker.objects.get(name="orders")
+    assert (worker.endpoint, worker.rps, worker.timeout, worker.active) == (
+        "https://orders.example.com/hook",
+        25,
+        5.0,
+        True,
+    )
+    assert worker.secret == "whsec_abc"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"name": "Orders"}, "name", "invalid worker name 'Orders'"),
+        ({"name": "my worker"}, "name", "invalid worker name 'my worker'"),
+        ({"name": "o'brien"}, "name", 'invalid worker name "o\'brien"'),
+        ({"name": "x; drop table"}, "name", "invalid worker name 'x; drop table'"),
+        ({"name": ""}, "name", "This field is required."),
+        ({"endpoint": "ftp://files.example.com/in"}, "endpoint", "http:// or https:// URL"),
+        ({"endpoint": "orders.example.com/hook"}, "endpoint", "http:// or https:// URL"),
+        ({"endpoint": "javascript:alert(1)"}, "endpoint", "http:// or https:// URL"),
+        ({"endpoint": "http:///path"}, "endpoint", "http:// or https:// URL"),
+        ({"endpoint": "http://exa mple.com/"}, "endpoint", "without blanks"),
+        ({"rps": "0"}, "rps", "greater than or equal to 1"),
+        ({"rps": "-5"}, "rps", "greater than or equal to"),
+        ({"timeout": "0"}, "timeout", "greater than or equal to 0.001"),
+    ],
+)
+def test_add_form_rejects_bad_input(admin_client, db, changes, field, message):
+    response = admin_client.post(url("worker_add"), worker_data(**changes))
+
+    errors = form_errors(response)
+    assert any(message in text for text in errors.get(field, [])), errors
+    assert escape(message) in response.content.decode()
+    assert not Worker.objects.exists()
+
+
+def test_duplicate_name_is_a_form_error(admin_client, make_worker):
+    make_worker("orders")
+
+    response = admin_client.post(url("worker_add"), worker_data())
+
+    assert form_errors(response) == {"name": ["Worker with this Name already exists."]}
+    assert Worker.objects.count() == 1
+
+
+def test_secret_is_never_rendered_back(admin_client, make_worker):
+    worker = make_worker("signed", "https://a.example.com/", secret="whsec_topsecret")
+
+    page = admin_client.get(url("worker_change", worker.pk)).content.decode()
+
+    assert "whsec_topsecret" not in page
+    assert 'type="password" name="secret"' in page
+    assert "A secret is set. Leave blank to keep it" in page
+    assert 'name="clear_secret"' in page
+
+
+def test_add_form_has_no_clear_secret_box(admin_client, db):
+    page = admin_client.get(url("worker_add")).content.decode()
+
+    assert 'type="password" name="secret"' in page
+    assert 'name="clear_secret"' not in page
+
+
+@pytest.mark.parametrize(
+    ("changes", "stored"),
+    [
+        ({"secret": ""}, "whsec_old"),  # blank keeps the secret
+        ({"secret": "whsec_new"}, "whsec_new"),
+        ({"secret": "", "clear_secret": "on"}, ""),
+    ],
+)
+def test_changing_the_secret(admin_client, make_worker, changes, stored):
+    worker = make_worker("orders", "https://orders.example.com/hook", secret="whsec_old")
+
+    response = admin_client.post(url("worker_change", worker.pk), worker_data(rps="3", **changes))
+
+    assert form_errors(response) == {}
+    worker.refresh_from_db()
+    assert (worker.secret, worker.rps) == (stored, 3)
+
+
+def test_new_secret_and_clear_together_is_an_error(admin_client, make_worker):
+    worker = make_worker("orders", "https://orders.example.com/hook", secret="whsec_old")
+
+    response = admin_client.post(
+        url("worker_change", worker.pk),
+        worker_data(secret="whsec_new", clear_secret="on"),
+    )
+
+    assert form_errors(response) == {"secret": ["Either type a new secret or remove it, not both."]}
+    worker.refresh_from_db()
+    assert worker.secret == "whsec_old"
+
+
+def test_worker_with_queues_cannot_be_deleted(admin_client, make_queue):
+    queue = make_queue("#", name="audit")
+
+    response = admin_client.post(
+        url("worker_delete", queue.worker_id), {"post": "yes"}, follow=True
+    )
+
+    assert "would require deleting the following protected related objects" in (
+        response.content.decode()
+    )
+    assert Worker.objects.filter(pk=queue.worker_id).exists()
+
+
+def test_changelist_queries_do_not_grow_with_rows(
+    admin_client, make_worker, make_queue, count_queries, django_assert_max_num_queries
+):
+    for _ in range(3):
+        make_queue("#", worker=make_worker())
+    admin_client.get(url("worker_changelist"))  # warm up: the session, caches
+    few = count_queries(lambda: admin_client.get(url("worker_changelist")))
+    for _ in range(27):
+        make_queue("#", worker=make_worker())
+
+    with django_assert_max_num_queries(few):
+        response = admin_client.get(url("worker_changelist"))
+
+    assert len(table_rows(response)) == 30

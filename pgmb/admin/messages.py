@@ -80,7 +80,22 @@ class DeadLetterInline(ReadOnlyInline):
         return super().get_queryset(request).select_related("queue")
 
 
-class AttemptInline(ReadOnlyInline):
+class _AttemptColumns:
+    """Columns shared by the attempt inline and the attempt list."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(queue_name=queue_name_of())
+
+    @admin.display(description=_("queue"))
+    def queue_name(self, obj: Attempt) -> str:
+        return obj.queue_name or f"{obj.queue_id} (deleted)"
+
+    @admin.display(description=_("duration"), ordering="duration_ms")
+    def duration(self, obj: Attempt) -> str:
+        return _duration(obj)
+
+
+class AttemptInline(_AttemptColumns, ReadOnlyInline):
     model = Attempt
     verbose_name_plural = _("attempts")
     fields = (
@@ -94,17 +109,6 @@ class AttemptInline(ReadOnlyInline):
     )
     readonly_fields = fields
     ordering = ("created_at", "id")
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).annotate(queue_name=queue_name_of())
-
-    @admin.display(description=_("queue"))
-    def queue_name(self, obj: Attempt) -> str:
-        return obj.queue_name or f"{obj.queue_id} (deleted)"
-
-    @admin.display(description=_("duration"), ordering="duration_ms")
-    def duration(self, obj: Attempt) -> str:
-        return _duration(obj)
 
 
 @admin.register(Message)
@@ -197,7 +201,7 @@ class DeadLetterAdmin(_ByMessageAdmin):
 
 
 @admin.register(Attempt)
-class AttemptAdmin(_ByMessageAdmin):
+class AttemptAdmin(_AttemptColumns, _ByMessageAdmin):
     list_display = (
         "id",
         "message_ref",
@@ -210,14 +214,3 @@ class AttemptAdmin(_ByMessageAdmin):
     )
     list_filter = ("outcome", "queue")
     ordering = ("-created_at", "-id")
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).annotate(queue_name=queue_name_of())
-
-    @admin.display(description=_("queue"))
-    def queue_name(self, obj: Attempt) -> str:
-        return obj.queue_name or f"{obj.queue_id} (deleted)"
-
-    @admin.display(description=_("duration"), ordering="duration_ms")
-    def duration(self, obj: Attempt) -> str:
-        return _duration(obj)

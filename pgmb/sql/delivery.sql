@@ -18,9 +18,6 @@ LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
     FROM (SELECT least(cap, base * power(2, least(greatest(attempt, 1) - 1, 60))) AS d) AS backoff
 $$;
 
--- Claim up to max_count due deliveries of the named queues (NULL: all), leasing them.
--- Each worker's rps is a token bucket shared by every dispatcher: it refills at rps per
--- second up to rps * burst tokens, and a claim takes at most what is in it.
 -- What a claim hands a dispatcher: the delivery, its message, and where to post it.
 DO $$ BEGIN
     CREATE TYPE pgmb.claimed AS (
@@ -31,6 +28,9 @@ DO $$ BEGIN
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 
+-- Claim up to max_count due deliveries of the named queues (NULL: all), leasing them.
+-- Each worker's rps is a token bucket shared by every dispatcher: it refills at rps per
+-- second up to rps * burst tokens, and a claim takes at most what is in it.
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[], max_count integer, burst float8 DEFAULT 0.2)
 RETURNS SETOF pgmb.claimed
 LANGUAGE plpgsql AS $$

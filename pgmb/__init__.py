@@ -43,5 +43,7 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         from importlib import import_module
 
-        return getattr(import_module(f".{_WHERE.get(name, 'errors')}", __name__), name)
+        value = getattr(import_module(f".{_WHERE.get(name, 'errors')}", __name__), name)
+        globals()[name] = value  # later look-ups skip __getattr__ (send is a hot path)
+        return value
     raise AttributeError(f"module 'pgmb' has no attribute {name!r}")

@@ -253,8 +253,14 @@ class Delivery(models.Model):
         db_index=False,
         related_name="deliveries",
     )
+    # No database FK to the queue either: its RI check and row lock cost every publish
+    # (docs/benchmarks.md). Django cascades ORM deletes; the queue's trigger, SQL ones.
     queue = models.ForeignKey(
-        Queue, on_delete=models.CASCADE, db_index=False, related_name="deliveries"
+        Queue,
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        db_index=False,
+        related_name="deliveries",
     )
     state = models.CharField(max_length=8, choices=State.choices, default=State.READY)
     attempts = models.PositiveIntegerField(default=0)

@@ -108,3 +108,41 @@ def test_changing_a_binding_affects_future_messages_only(make_queue, sql):
     sql("SELECT pgmb.send(gen_random_uuid(), 'invoice.paid', '3'::jsonb)")
     bodies = sorted(Delivery.objects.filter(queue=queue).values_list("message__body", flat=True))
     assert bodies == [1, 3]
+
+
+def test_many_queues_route_exactly(make_worker, make_queue, sql):
+    """More queues than PostgreSQL's 32 cached regexes, with literal and wildcard first words."""
+    worker = make_worker()
+    queues = {f"svc{n}.*.#": make_queue(f"svc{n}.*.#", worker=worker) for n in range(60)}
+    queues["*.created"] = make_queue("*.created", worker=worker)
+    queues["#.eu"] = make_queue("#.eu", worker=worker)
+    keys = ["svc7.a.b", "svc7.created", "svc59.x.eu", "svc60.a", "other.created", "eu"]
+    sql(
+        "INSERT INTO pgmb_message (routing_key, body) SELECT k, '1' FROM unnest(%s::text[]) k",
+        (keys,),
+    )
+    routed = set(Delivery.objects.values_list("queue__binding_key", "message__routing_key"))
+    expected = {
+        (binding, key)
+        for binding in queues
+        for key in keys
+        if routing.matches(routing.compile_binding(binding), key)
+    }
+    assert routed == expected
+    assert ("svc7.*.#", "svc7.a.b") in routed and ("#.eu", "svc59.x.eu") in routed
+
+
+def test_deleting_a_queue_in_sql_takes_its_deliveries_and_dead_letters(make_queue, sql):
+    queue = make_queue("#", name="doomed", max_retries=0)
+    other = make_queue("#", name="kept")
+    pgmb_send = "SELECT pgmb.send(gen_random_uuid(), 'k', '1')"
+    sql(pgmb_send)
+    sql(pgmb_send)
+    [(delivery_id, lease_id)] = sql(
+        "SELECT delivery_id, lease_id FROM pgmb.claim(ARRAY['doomed'], 1)"
+    )
+    sql("SELECT pgmb.fail(%s, %s)", ([delivery_id], [lease_id]))
+    sql("DELETE FROM pgmb_queue WHERE id = %s", (queue.pk,))
+    assert sql("SELECT count(*) FROM pgmb_delivery WHERE queue_id = %s", (queue.pk,)) == [(0,)]
+    assert sql("SELECT count(*) FROM pgmb_dead_letter WHERE queue_id = %s", (queue.pk,)) == [(0,)]
+    assert sql("SELECT count(*) FROM pgmb_delivery WHERE queue_id = %s", (other.pk,)) == [(2,)]

@@ -41,6 +41,20 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
+#: One ClientTimeout per distinct worker timeout, reused rather than built for every
+#: request on the hot path: a worker's timeout rarely changes.
+_timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+
+def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    timeout = _timeouts.get(seconds)
+    if timeout is None:
+        if len(_timeouts) > 1000:  # timeouts changed often; keep the cache small
+            _timeouts.clear()
+        timeout = _timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
+    return timeout
+
+
 def new_session(concurrency: int) -> aiohttp.ClientSession:
     """One session per dispatcher: pooled keep-alive connections, no cookies."""
     return aiohttp.ClientSession(
@@ -71,7 +85,7 @@ async def post(
             data=body,
             headers=headers,
             allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            timeout=_client_timeout(timeout),
         ) as response:
             status = response.status
             if 200 <= status < 300:

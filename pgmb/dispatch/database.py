@@ -41,16 +41,34 @@ class Unavailable(Exception):
 class Database:
     """One autocommit connection that reconnects on failure and retries the call."""
 
-    def __init__(self, conninfo: dict[str, Any], role: str) -> None:
+    def __init__(
+        self,
+        conninfo: dict[str, Any],
+        role: str,
+        setup: str | None = None,
+        interrupt: asyncio.Event | None = None,
+    ) -> None:
         self._conninfo = conninfo
         self._role = role
+        #: Once set, a call that cannot reach the database gives up at once (a stop request
+        #: must not wait for a database that may never come back).
+        self._interrupt = interrupt
+        #: Named query of ``dispatcher.sql`` run on each new connection (session settings).
+        self._setup = setup
         self._conn: psycopg.AsyncConnection | None = None
         #: When set (a time.monotonic() value), stop retrying once it has passed.
         self.give_up_at: float | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(**self._conninfo, autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(**self._conninfo, autocommit=True)
+            if self._setup:
+                try:
+                    await conn.execute(sql.query("dispatcher.sql", self._setup))
+                except BaseException:
+                    await conn.close()
+                    raise
+            self._conn = conn
         return self._conn
 
     async def fetch(self, name: str, params: Sequence[Any] = ()) -> list[Any]:
@@ -65,7 +83,9 @@ class Database:
                     return await cursor.fetchall() if cursor.description else []
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 await self._drop()
-                if self.give_up_at is not None and time.monotonic() + delay > self.give_up_at:
+                if self._interrupted() or (
+                    self.give_up_at is not None and time.monotonic() + delay > self.give_up_at
+                ):
                     raise Unavailable(str(exc)) from exc
                 log.warning(
                     "database unavailable role=%s retry_in=%.1fs error=%r",
@@ -73,8 +93,17 @@ class Database:
                     delay,
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                 )
-                await asyncio.sleep(delay)
+                if self._interrupt is None:
+                    await asyncio.sleep(delay)
+                else:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._interrupt.wait(), delay)
+                    if self._interrupted():
+                        raise Unavailable(str(exc)) from exc
                 delay = min(delay * 2, _BACKOFF_MAX)
+
+    def _interrupted(self) -> bool:
+        return self._interrupt is not None and self._interrupt.is_set()
 
     async def scalar(self, name: str, params: Sequence[Any] = ()) -> Any:
         rows = await self.fetch(name, params)

@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+#: Workers allowed this many requests a second or more are not paced: sub-millisecond
+#: spacing is finer than the event loop could keep anyway.
+UNPACED_RPS = 1000
+
 
 class Pacer:
     """Hands out send times at least ``1 / rps`` apart."""
@@ -17,8 +21,8 @@ class Pacer:
         self._next = 0.0
 
     async def wait(self, rps: int) -> None:
-        if rps >= 1000:
-            return  # sub-millisecond spacing: the event loop could not keep it anyway
+        if rps >= UNPACED_RPS:
+            return
         now = time.monotonic()
         start = max(now, self._next)
         self._next = start + 1.0 / rps

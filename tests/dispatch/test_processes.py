@@ -145,3 +145,24 @@ def test_database_restart_during_dispatch_loses_nothing(
     received = {r.headers["pgmb-message-id"] for r in recording_server.requests}
     assert received == {str(i) for i in ids}
     assert not Delivery.objects.exists()
+
+
+@pytest.mark.skipif(not os.environ.get("PGMB_CLUSTER_DIR"), reason="needs the throwaway cluster")
+def test_sigterm_while_the_database_is_down_still_exits(
+    spawn, recording_server, make_worker, make_queue
+):
+    make_queue("#", worker=make_worker(endpoint=recording_server.url()))
+    proc = spawn("--poll-interval", "0.2")
+    pgmb.send("k", 1)
+    recording_server.wait_for(1, timeout=10)
+    connection.close()
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pgcluster.sh"
+    cluster = os.environ["PGMB_CLUSTER_DIR"]
+    subprocess.run([str(script), "stop", cluster], check=True, timeout=60)
+    try:
+        time.sleep(1.0)  # it notices and starts reconnecting
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        subprocess.run([str(script), "start", cluster], check=True, timeout=60, capture_output=True)
+    assert "database unavailable" in proc.stderr.read()

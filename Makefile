@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the project needs; `make deps` installs the missing ones when root.
-DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 libpostgresql-jdbc-java nginx-light
+DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light
 
 .PHONY: help deps venv test demo bench lint clean
 
@@ -34,7 +34,7 @@ demo: deps venv
 	@scripts/demo.sh
 
 bench: deps venv
-	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py'
+	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/dispatch.py'
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,7 @@ Use :func:`get` everywhere; never read ``settings.PGMB`` directly.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -40,7 +41,9 @@ class Settings:
     #: How much of a failed response's body is kept in the history, in bytes.
     RESPONSE_BODY_LIMIT: int = 500
 
+    @cached_property
     def json_encoder(self) -> type:
+        """The encoder class, imported once (every send uses it)."""
         return import_string(self.JSON_ENCODER)
 
 
@@ -61,6 +64,11 @@ def errors(raw: Any) -> list[str]:
             problems.append(f"PGMB[{key!r}] must be {_TYPES[key][0].__name__}, got {value!r}")
         elif isinstance(value, (int, float)) and value < 0:
             problems.append(f"PGMB[{key!r}] must not be negative, got {value!r}")
+    if not problems and "JSON_ENCODER" in raw:
+        try:
+            import_string(raw["JSON_ENCODER"])
+        except ImportError as exc:
+            problems.append(f"PGMB['JSON_ENCODER'] cannot be imported: {exc}")
     for key in ("SEND_BATCH_SIZE", "DISPATCH_CONCURRENCY", "DISPATCH_BATCH"):
         if not problems and raw.get(key, 1) < 1:
             problems.append(f"PGMB[{key!r}] must be at least 1")

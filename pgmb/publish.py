@@ -38,7 +38,7 @@ class Outgoing:
 
 def _dumps(value: Any, what: str) -> str:
     try:
-        return json.dumps(value, cls=conf.get().json_encoder(), allow_nan=False)
+        return json.dumps(value, cls=conf.get().json_encoder, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidBody(f"the message {what} cannot be stored as JSON: {exc}") from exc
 

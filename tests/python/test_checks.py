@@ -27,6 +27,7 @@ def test_defaults_are_typed():
         ({"DEFAULT_BACKOFF_BASE": -1}, "must not be negative"),
         ({"DEFAULT_BACKOFF_BASE": True}, "must be int"),
         ({"NOPE": 1}, "not a pgmb setting"),
+        ({"JSON_ENCODER": "no.such.Encoder"}, "cannot be imported"),
         ([], "must be a dict"),
     ],
 )

@@ -1,7 +1,8 @@
 """The in-database dispatch path: which parts this database has, and installing them.
 
 Used by migration 0004, ``manage.py pgmb_cron`` and the system checks. Each step is
-optional: without plpython3u or pg_cron, migrations still succeed and ``manage.py check``
+optional: without plpython3u or pg_cron, migrations still succeed, and
+``manage.py check --database default`` (and ``migrate``)
 says what is missing.
 """
 

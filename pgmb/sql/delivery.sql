@@ -23,7 +23,8 @@ DO $$ BEGIN
     CREATE TYPE pgmb.claimed AS (
         delivery_id bigint, lease_id uuid, attempt integer, queue_id uuid, queue text,
         message_id uuid, routing_key text, body text, headers jsonb, created_at timestamptz,
-        worker_id uuid, endpoint text, timeout float8, secret text, rps integer
+        worker_id uuid, endpoint text, timeout float8, secret text, rps integer,
+        lease_seconds float8
     );
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
@@ -82,11 +83,11 @@ BEGIN
                     available_at = t + qu.lease_seconds * interval '1 second'
                 FROM picked, pgmb_queue qu
                 WHERE d.id = picked.id AND qu.id = d.queue_id
-                RETURNING d.id, d.attempts, d.queue_id, qu.name, d.message_id
+                RETURNING d.id, d.attempts, d.queue_id, qu.name, d.message_id, qu.lease_seconds
             )
             SELECT l.id, lease, l.attempts, l.queue_id, l.name::text, m.id, m.routing_key::text,
                    m.body::text, m.headers, m.created_at, wk.id, wk.endpoint::text, wk.timeout,
-                   wk.secret::text, wk.rps
+                   wk.secret::text, wk.rps, l.lease_seconds
             FROM leased l
             JOIN pgmb_message m ON m.id = l.message_id
             JOIN pgmb_worker wk ON wk.id = w.id;

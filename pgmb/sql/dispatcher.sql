@@ -6,8 +6,8 @@
 -- how long a claimed row may wait for a free slot.
 SELECT c.delivery_id, c.lease_id, c.attempt, c.queue, c.message_id::text, c.routing_key,
        c.body, nullif(c.headers, '{}'::jsonb) AS headers, c.worker_id::text, c.endpoint,
-       c.timeout, c.secret, c.rps, q.lease_seconds
-FROM pgmb.claim(%s, %s, %s) AS c JOIN pgmb_queue q ON q.id = c.queue_id
+       c.timeout, c.secret, c.rps, c.lease_seconds
+FROM pgmb.claim(%s, %s, %s) AS c
 
 -- name: claims_session
 -- The claims connection (claim, release, reclaim) does not wait for the WAL flush at

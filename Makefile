@@ -8,13 +8,14 @@ PY := $(VENV)/bin/python
 # Debian packages the project needs; `make deps` installs the missing ones when root.
 DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light
 
-.PHONY: help deps venv test demo bench lint clean
+.PHONY: help deps venv test demo bench lint schema clean
 
 help:
 	@echo "make demo   bring up a local PostgreSQL, migrate the example project, publish and serve the admin"
 	@echo "make test   install what the tests need, start a throwaway PostgreSQL, run the suite, stop it"
 	@echo "make bench  run the benchmarks in bench/ against a throwaway PostgreSQL"
 	@echo "make lint   ruff"
+	@echo "make schema regenerate pgmb/sql/schema.sql from a migrated database"
 
 deps:
 	@scripts/deps.sh $(DEBS)
@@ -35,6 +36,9 @@ demo: deps venv
 
 bench: deps venv
 	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/dispatch.py'
+
+schema: deps venv
+	@scripts/with-cluster.sh scripts/schema.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,6 @@
 """The in-database dispatch path: which parts this database has, and installing them.
 
-Used by migration 0004, ``manage.py pgmb_cron`` and the system checks. Each step is
+Used by the migrations, ``manage.py pgmb_cron`` and the system checks. Each step is
 optional: without plpython3u or pg_cron, migrations still succeed, and
 ``manage.py check --database default`` (and ``migrate``)
 says what is missing.
@@ -35,8 +35,13 @@ def capabilities(cursor: Any) -> Capabilities:
     return Capabilities(*cursor.fetchone())
 
 
-def install_plpython_transport(cursor: Any) -> bool:
-    """Create plpython3u if it is available and allowed, then the PL/Python transport."""
+#: The migration file with the current PL/Python transport: ``pgmb_cron install`` runs it
+#: where plpython3u was missing when the database was migrated.
+PLPYTHON_TRANSPORT = "0001_transport_plpython"
+
+
+def install_plpython_transport(cursor: Any, name: str = PLPYTHON_TRANSPORT) -> bool:
+    """Create plpython3u if it is available and allowed, then run the transport's file."""
     caps = capabilities(cursor)
     if not caps.plpython_installed and caps.plpython_available:
         cursor.execute("SAVEPOINT pgmb_plpython")
@@ -47,7 +52,7 @@ def install_plpython_transport(cursor: Any) -> bool:
         else:
             cursor.execute("RELEASE SAVEPOINT pgmb_plpython")
     if capabilities(cursor).plpython_installed:
-        cursor.execute(sql.script("transport_plpython.sql"))
+        cursor.execute(sql.migration_script(name))
         return True
     return False
 

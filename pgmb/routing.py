@@ -1,7 +1,7 @@
 """Names, routing keys and binding keys: validation and compilation.
 
 These rules are enforced twice on purpose: here, so forms and the Python API fail early
-with a readable message, and in SQL (``sql/routing.sql``), so every other producer is held
+with a readable message, and in SQL (functions of schema ``pgmb``), so every other producer is held
 to them too. ``tests/sql/test_routing.py`` checks that both compile identically.
 
 Topic rules (AMQP, as RabbitMQ users know them): keys are words separated by dots; in a

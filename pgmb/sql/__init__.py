@@ -1,7 +1,11 @@
 """The one loader of pgmb's SQL files.
 
-Files hold either a whole script (run by a migration with :func:`script`) or named
-statements, each introduced by a ``-- name: NAME`` line (read with :func:`query`).
+* ``queries/*.sql`` hold named statements that the Python side runs, each introduced by a
+  ``-- name: NAME`` line (read with :func:`query`);
+* ``migrations/NNNN_*.sql`` are the versioned scripts that migrations run (with
+  :mod:`pgmb.sql.operations`); a released one is never edited, a change is a new file;
+* ``schema.sql`` is the whole current schema, generated from a migrated database
+  (``make schema``), for reading; a test checks that it matches the migrations.
 """
 
 from __future__ import annotations
@@ -14,14 +18,19 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
-def script(filename: str) -> str:
-    """The whole text of ``pgmb/sql/<filename>``."""
-    return resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
+def script(path: str) -> str:
+    """The whole text of ``pgmb/sql/<path>``."""
+    return resources.files(__package__).joinpath(path).read_text(encoding="utf-8")
+
+
+def migration_script(name: str, *, down: bool = False) -> str:
+    """The text of ``migrations/<name>.sql`` (or of its ``.down.sql`` reverse)."""
+    return script(f"migrations/{name}{'.down' if down else ''}.sql")
 
 
 @cache
 def _queries(filename: str) -> dict[str, str]:
-    text = script(filename)
+    text = script(f"queries/{filename}")
     marks = list(_NAME.finditer(text))
     return {
         m.group(1): text[m.end() : marks[i + 1].start() if i + 1 < len(marks) else None].strip()
@@ -30,8 +39,8 @@ def _queries(filename: str) -> dict[str, str]:
 
 
 def query(filename: str, name: str) -> str:
-    """The statement named ``name`` in ``pgmb/sql/<filename>``."""
+    """The statement named ``name`` in ``pgmb/sql/queries/<filename>``."""
     try:
         return _queries(filename)[name]
     except KeyError:
-        raise LookupError(f"no query named {name!r} in pgmb/sql/{filename}") from None
+        raise LookupError(f"no query named {name!r} in pgmb/sql/queries/{filename}") from None

@@ -1,5 +1,7 @@
--- Reverse of the SQL core (migrating pgmb to zero). django-pgtrigger drops its triggers
--- but leaves their functions behind, so they are dropped here, with the triggers on them.
+-- Reverse of 0001_initial (migrating pgmb to zero): pg_cron jobs, then everything in
+-- schema pgmb. django-pgtrigger drops its triggers but leaves their functions behind,
+-- so they are dropped here too.
+SELECT pgmb.cron_uninstall();
 DO $$
 DECLARE
     f regprocedure;

@@ -34,13 +34,3 @@ def test_migrate_to_zero_and_back(make_queue):
         cursor.execute("SELECT pgmb.send(gen_random_uuid(), 'order.created', '{}')")
         cursor.execute("SELECT count(*) FROM pgmb.order_queue")
         assert cursor.fetchone() == (1,)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_sql_core_can_be_reapplied():
-    """Every migration SQL file uses CREATE OR REPLACE, so a later migration can re-run it."""
-    from pgmb import sql
-
-    with connection.cursor() as cursor:
-        for name in ("routing.sql", "catalog.sql", "api.sql"):
-            cursor.execute(sql.script(name))

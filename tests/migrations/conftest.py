@@ -1,0 +1,57 @@
+"""Scratch databases beside the test database, for checks that need a whole schema."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def conninfo(dbname: str) -> dict:
+    params = dict(connection.get_connection_params())
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return {**params, "dbname": dbname}
+
+
+@contextmanager
+def scratch_database(name: str) -> Iterator[dict]:
+    """A new empty database (dropped afterwards); yields its psycopg connection arguments."""
+    admin = conninfo("postgres")
+    with psycopg.connect(**admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield conninfo(name)
+    finally:
+        with psycopg.connect(**admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def scratch() -> Callable:
+    return scratch_database
+
+
+def manage(dbname: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``django-admin ARGS`` with the test settings against another database."""
+    env = {**os.environ, "PGMB_DB_NAME": dbname, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"django-admin {' '.join(args)}: {result.stderr}"
+    return result

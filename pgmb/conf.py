@@ -22,13 +22,6 @@ class Settings:
     JSON_ENCODER: str = "django.core.serializers.json.DjangoJSONEncoder"
     #: Messages per INSERT statement when `pgmb_send --file` publishes in bulk.
     SEND_BATCH_SIZE: int = 1000
-    #: Defaults for new queues (each queue can override them).
-    DEFAULT_MAX_RETRIES: int = 5
-    DEFAULT_BACKOFF_BASE: float = 1.0
-    DEFAULT_BACKOFF_MAX: float = 300.0
-    DEFAULT_LEASE_SECONDS: float = 60.0
-    #: Default HTTP timeout of a new worker, in seconds.
-    DEFAULT_TIMEOUT: float = 10.0
     #: External dispatcher (`manage.py pgmb_dispatch`): requests in flight, claim size,
     #: the longest sleep between polls when no notification arrives, and how often it
     #: reclaims leases that ran out (dispatchers that died).
@@ -36,8 +29,9 @@ class Settings:
     DISPATCH_BATCH: int = 100
     DISPATCH_POLL_INTERVAL: float = 1.0
     DISPATCH_RECLAIM_INTERVAL: float = 5.0
-    #: A worker's token bucket holds `rps * RATE_BURST` requests (at least one).
-    RATE_BURST: float = 0.2
+    #: Seconds `pgmb_dispatch --until-idle` keeps trying to reach an unreachable database
+    #: before it exits with an error (a dispatcher without --until-idle never gives up).
+    DISPATCH_GIVE_UP: float = 30.0
     #: How much of a failed response's body is kept in the history, in bytes.
     RESPONSE_BODY_LIMIT: int = 500
 
@@ -48,8 +42,24 @@ class Settings:
 
 
 _ACCEPTS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float)}
-_TYPES: dict[str, tuple[type, ...]] = {f.name: _ACCEPTS[str(f.type)] for f in fields(Settings)}
+_KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(Settings)}
+_TYPES: dict[str, tuple[type, ...]] = {name: _ACCEPTS[kind] for name, kind in _KINDS.items()}
 _cache: Settings | None = None
+#: Settings that existed once, and where their job went.
+_REMOVED = {
+    **dict.fromkeys(
+        (
+            "DEFAULT_MAX_RETRIES",
+            "DEFAULT_BACKOFF_BASE",
+            "DEFAULT_BACKOFF_MAX",
+            "DEFAULT_LEASE_SECONDS",
+            "DEFAULT_TIMEOUT",
+        ),
+        "defaults of new queues and workers are the columns' defaults (pgmb.models); "
+        "set the value on each queue or worker instead",
+    ),
+    "RATE_BURST": "the token bucket's size is each worker's own 'burst' field",
+}
 
 
 def errors(raw: Any) -> list[str]:
@@ -58,10 +68,12 @@ def errors(raw: Any) -> list[str]:
         return [f"PGMB must be a dict, not {type(raw).__name__}"]
     problems = []
     for key, value in raw.items():
-        if key not in _TYPES:
+        if key in _REMOVED:
+            problems.append(f"PGMB[{key!r}] is no longer a setting: {_REMOVED[key]}")
+        elif key not in _TYPES:
             problems.append(f"PGMB[{key!r}] is not a pgmb setting (known: {', '.join(_TYPES)})")
         elif isinstance(value, bool) or not isinstance(value, _TYPES[key]):
-            problems.append(f"PGMB[{key!r}] must be {_TYPES[key][0].__name__}, got {value!r}")
+            problems.append(f"PGMB[{key!r}] must be {_KINDS[key]}, got {value!r}")
         elif isinstance(value, (int, float)) and value < 0:
             problems.append(f"PGMB[{key!r}] must not be negative, got {value!r}")
     if not problems and "JSON_ENCODER" in raw:
@@ -72,7 +84,7 @@ def errors(raw: Any) -> list[str]:
     for key in ("SEND_BATCH_SIZE", "DISPATCH_CONCURRENCY", "DISPATCH_BATCH"):
         if not problems and raw.get(key, 1) < 1:
             problems.append(f"PGMB[{key!r}] must be at least 1")
-    for key in ("DISPATCH_POLL_INTERVAL", "DISPATCH_RECLAIM_INTERVAL", "RATE_BURST"):
+    for key in ("DISPATCH_POLL_INTERVAL", "DISPATCH_RECLAIM_INTERVAL", "DISPATCH_GIVE_UP"):
         if not problems and raw.get(key, 1) <= 0:
             problems.append(f"PGMB[{key!r}] must be positive")
     return problems

@@ -18,7 +18,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from . import conf, routing, sql
+from . import routing, sql
 from .errors import PgmbError
 
 
@@ -63,24 +63,16 @@ def _trigger(name: str, **kwargs) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 
-def _default_max_retries() -> int:
-    return conf.get().DEFAULT_MAX_RETRIES
-
-
-def _default_backoff_base() -> float:
-    return conf.get().DEFAULT_BACKOFF_BASE
-
-
-def _default_backoff_max() -> float:
-    return conf.get().DEFAULT_BACKOFF_MAX
-
-
-def _default_lease() -> float:
-    return conf.get().DEFAULT_LEASE_SECONDS
-
-
-def _default_timeout() -> float:
-    return conf.get().DEFAULT_TIMEOUT
+# Defaults of new workers and queues, in one place: each field declares its value both as
+# Django's default (forms, unsaved objects) and as the column's DEFAULT (db_default), so
+# pgmb.worker(), pgmb.create() and plain INSERTs from any client get the same values.
+DEFAULT_RPS = 10
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_BURST = 0.2
+DEFAULT_MAX_RETRIES = 5
+DEFAULT_BACKOFF_BASE = 1.0
+DEFAULT_BACKOFF_MAX = 300.0
+DEFAULT_LEASE_SECONDS = 60.0
 
 
 class Worker(models.Model):
@@ -90,10 +82,26 @@ class Worker(models.Model):
     name = models.CharField(max_length=48, unique=True, validators=[validate_worker_name])
     endpoint = models.CharField(max_length=2000, validators=[validate_endpoint])
     rps = models.PositiveIntegerField(
-        _("requests per second"), default=10, validators=[MinValueValidator(1)]
+        _("requests per second"),
+        default=DEFAULT_RPS,
+        db_default=DEFAULT_RPS,
+        validators=[MinValueValidator(1)],
     )
     timeout = models.FloatField(
-        _("timeout (s)"), default=_default_timeout, validators=[MinValueValidator(0.001)]
+        _("timeout (s)"),
+        default=DEFAULT_TIMEOUT,
+        db_default=DEFAULT_TIMEOUT,
+        validators=[MinValueValidator(0.001)],
+    )
+    burst = models.FloatField(
+        _("burst (s)"),
+        default=DEFAULT_BURST,
+        db_default=DEFAULT_BURST,
+        validators=[MinValueValidator(0.001)],
+        help_text=_(
+            "How many seconds' worth of requests may go out at once after a quiet spell: "
+            "the token bucket behind rps holds rps * burst requests (at least one)."
+        ),
     )
     secret = models.CharField(
         max_length=200, blank=True, help_text=_("Signs requests the Standard Webhooks way.")
@@ -131,15 +139,26 @@ class Queue(models.Model):
     )
     pattern = models.TextField(editable=False, help_text=_("Compiled from the binding key."))
     worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="queues")
-    max_retries = models.PositiveIntegerField(default=_default_max_retries)
+    max_retries = models.PositiveIntegerField(
+        default=DEFAULT_MAX_RETRIES, db_default=DEFAULT_MAX_RETRIES
+    )
     backoff_base = models.FloatField(
-        _("backoff base (s)"), default=_default_backoff_base, validators=[MinValueValidator(0)]
+        _("backoff base (s)"),
+        default=DEFAULT_BACKOFF_BASE,
+        db_default=DEFAULT_BACKOFF_BASE,
+        validators=[MinValueValidator(0)],
     )
     backoff_max = models.FloatField(
-        _("backoff cap (s)"), default=_default_backoff_max, validators=[MinValueValidator(0)]
+        _("backoff cap (s)"),
+        default=DEFAULT_BACKOFF_MAX,
+        db_default=DEFAULT_BACKOFF_MAX,
+        validators=[MinValueValidator(0)],
     )
     lease_seconds = models.FloatField(
-        _("lease (s)"), default=_default_lease, validators=[MinValueValidator(0.001)]
+        _("lease (s)"),
+        default=DEFAULT_LEASE_SECONDS,
+        db_default=DEFAULT_LEASE_SECONDS,
+        validators=[MinValueValidator(0.001)],
     )
     paused = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -80,12 +80,6 @@ PGMB = {
     "JSON_ENCODER": "django.core.serializers.json.DjangoJSONEncoder",
     # Messages per INSERT when `manage.py pgmb_send --file` publishes in bulk.
     "SEND_BATCH_SIZE": 1000,
-    # Defaults of new queues and workers; each queue or worker can override them.
-    "DEFAULT_MAX_RETRIES": 5,  # a message gets 1 + max_retries attempts, then dead-letters
-    "DEFAULT_BACKOFF_BASE": 1.0,  # seconds before the first retry; doubles each time
-    "DEFAULT_BACKOFF_MAX": 300.0,  # cap of the backoff, in seconds
-    "DEFAULT_LEASE_SECONDS": 60.0,  # a claimed delivery is invisible this long
-    "DEFAULT_TIMEOUT": 10.0,  # HTTP timeout of a worker's requests, in seconds
     # The external dispatcher, `manage.py pgmb_dispatch`: requests in flight, deliveries per
     # claim, longest sleep between polls without a notification, and how often it takes
     # back the leases of dispatchers that died.
@@ -93,8 +87,8 @@ PGMB = {
     "DISPATCH_BATCH": 100,
     "DISPATCH_POLL_INTERVAL": 1.0,
     "DISPATCH_RECLAIM_INTERVAL": 5.0,
-    # A worker's token bucket holds rps * RATE_BURST requests (at least one).
-    "RATE_BURST": 0.2,
+    # How long `pgmb_dispatch --until-idle` waits for an unreachable database, in seconds.
+    "DISPATCH_GIVE_UP": 30.0,
     # Bytes of a failed response's body kept in the attempt log.
     "RESPONSE_BODY_LIMIT": 500,
 }

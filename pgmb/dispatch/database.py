@@ -10,18 +10,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import namedtuple_row
 
 from .. import sql
+from ..deliveries import Call, arun
+
+T = TypeVar("T")
 
 log = logging.getLogger("pgmb.dispatch")
 
 _BACKOFF_START = 0.1
 _BACKOFF_MAX = 5.0
+
+
+#: Seconds a connection attempt may take unless the settings say otherwise: an unreachable
+#: host must not stall the dispatcher for the system's TCP timeout (minutes).
+CONNECT_TIMEOUT = 10
 
 
 def conninfo_from_django(alias: str) -> dict[str, Any]:
@@ -31,11 +37,21 @@ def conninfo_from_django(alias: str) -> dict[str, Any]:
     params = dict(connections[alias].get_connection_params())
     for django_only in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(django_only, None)
+    params.setdefault("connect_timeout", CONNECT_TIMEOUT)
     return params
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class Unavailable(Exception):
-    """The database could not be reached before the dispatcher gave up (shutting down)."""
+    """The database could not be reached before the dispatcher gave up.
+
+    Either it is shutting down, or it has a time limit (``--until-idle``) and the database
+    stayed unreachable that long.
+    """
 
 
 class Database:
@@ -58,6 +74,10 @@ class Database:
         self._conn: psycopg.AsyncConnection | None = None
         #: When set (a time.monotonic() value), stop retrying once it has passed.
         self.give_up_at: float | None = None
+        #: When set, stop retrying once the database has been unreachable this many seconds.
+        self.give_up_after: float | None = None
+        #: When the current outage began (time.monotonic()), None while connected.
+        self._down_since: float | None = None
 
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
@@ -69,29 +89,42 @@ class Database:
                     await conn.close()
                     raise
             self._conn = conn
+            if self._down_since is not None:
+                log.info(
+                    "database reconnected role=%s after=%.1fs",
+                    self._role,
+                    time.monotonic() - self._down_since,
+                )
+                self._down_since = None
         return self._conn
 
-    async def fetch(self, name: str, params: Sequence[Any] = ()) -> list[Any]:
-        """Run the named query of ``dispatcher.sql``, retrying until the database answers."""
-        query = sql.query("dispatcher.sql", name)
+    async def run(self, call: Call[T]) -> T:
+        """Run a state-machine call, reconnecting and retrying until the database answers."""
         delay = _BACKOFF_START
         while True:
             try:
-                conn = await self._connection()
-                async with conn.cursor(row_factory=namedtuple_row) as cursor:
-                    await cursor.execute(query, params)
-                    return await cursor.fetchall() if cursor.description else []
+                return await arun(await self._connection(), call)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 await self._drop()
-                if self._interrupted() or (
-                    self.give_up_at is not None and time.monotonic() + delay > self.give_up_at
+                now = time.monotonic()
+                if self._down_since is None:
+                    self._down_since = now
+                if (
+                    self._interrupted()
+                    or (self.give_up_at is not None and now + delay > self.give_up_at)
+                    or (
+                        self.give_up_after is not None
+                        and now + delay - self._down_since > self.give_up_after
+                    )
                 ):
-                    raise Unavailable(str(exc)) from exc
+                    raise Unavailable(
+                        f"unreachable for {now - self._down_since:.0f}s: {_first_line(exc)}"
+                    ) from exc
                 log.warning(
                     "database unavailable role=%s retry_in=%.1fs error=%r",
                     self._role,
                     delay,
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                    _first_line(exc),
                 )
                 if self._interrupt is None:
                     await asyncio.sleep(delay)
@@ -104,10 +137,6 @@ class Database:
 
     def _interrupted(self) -> bool:
         return self._interrupt is not None and self._interrupt.is_set()
-
-    async def scalar(self, name: str, params: Sequence[Any] = ()) -> Any:
-        rows = await self.fetch(name, params)
-        return rows[0][0] if rows else None
 
     async def _drop(self) -> None:
         if self._conn is not None:
@@ -138,6 +167,6 @@ async def listen(conninfo: dict[str, Any], wake: asyncio.Event) -> None:
             finally:
                 await conn.close()
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            log.warning("listener disconnected retry_in=%.1fs error=%r", delay, str(exc).strip())
+            log.warning("listener disconnected retry_in=%.1fs error=%r", delay, _first_line(exc))
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)

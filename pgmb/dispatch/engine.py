@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import deliveries
+from ..deliveries import Claimed, Failure, Success
 from .client import Outcome, new_session, post
 from .database import Database, Unavailable, listen
 from .pacing import UNPACED_RPS, Pacer
@@ -46,7 +48,9 @@ class Options:
     reclaim_interval: float = 5.0
     until_idle: bool = False
     max_seconds: float | None = None
-    burst: float = 0.2
+    #: Exit with :class:`Unavailable` once the database has been unreachable this long
+    #: (None: keep trying; a dispatcher that runs as a service should).
+    give_up_after: float | None = None
     body_limit: int = 500
 
 
@@ -77,6 +81,7 @@ class Dispatcher:
             conninfo, "claims", setup="claims_session", interrupt=self._stopping
         )
         self._outcomes_db = Database(conninfo, "outcomes")
+        self._claims.give_up_after = self._outcomes_db.give_up_after = options.give_up_after
         self._wake = asyncio.Event()
         self._outcome_ready = asyncio.Event()
         # Claims run ahead of the requests: up to `_prefetch` claimed rows wait in `_ready`
@@ -89,17 +94,17 @@ class Dispatcher:
         self._most = options.concurrency + self._prefetch
         self._claim_at = max(1, self._prefetch // 2)
         #: Claimed rows not started yet, each with the loop time its claim was sent.
-        self._ready: deque[tuple[Any, float]] = deque()
+        self._ready: deque[tuple[Claimed, float]] = deque()
         #: Rows whose lease would run out before they could be posted; handed back.
-        self._stale: list[Any] = []
+        self._stale: list[Claimed] = []
         #: Whether the last claim got all it asked for: then freed slots ask for more;
         #: otherwise nothing more is due, and NOTIFY, next_wakeup or the poll wakes the loop.
         self._more_due = True
-        self._inflight: dict[asyncio.Task, Any] = {}
+        self._inflight: dict[asyncio.Task, Claimed] = {}
         self._posting: set[asyncio.Task] = set()
-        self._acks: list[tuple[int, int | None, float]] = []
-        self._fails: list[tuple[int, Any, int | None, str, float | None, float]] = []
-        self._pacers: dict[Any, Pacer] = {}
+        self._acks: list[Success] = []
+        self._fails: list[Failure] = []
+        self._pacers: dict[str, Pacer] = {}
         self._closing = False
 
     def stop(self) -> None:
@@ -117,10 +122,14 @@ class Dispatcher:
         self._session = new_session(self.options.concurrency)
         listener = asyncio.create_task(listen(self._conninfo, self._wake))
         flusher = asyncio.create_task(self._flush_forever())
+        gave_up: Unavailable | None = None
         try:
             await self._loop()
-        except Unavailable:
-            pass  # asked to stop while the database was away: shut down all the same
+        except Unavailable as exc:
+            # Asked to stop while the database was away: shut down all the same. Otherwise
+            # the database stayed away longer than the dispatcher may wait: say so.
+            if not self._stopping.is_set():
+                gave_up = exc
         finally:
             listener.cancel()
             # Outcomes and releases get a grace period if the database is away right now.
@@ -147,6 +156,8 @@ class Dispatcher:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
         log.info("dispatcher stopped %s", self.stats.summary())
+        if gave_up is not None:
+            raise gave_up
         return self.stats
 
     async def _loop(self) -> None:
@@ -161,7 +172,7 @@ class Dispatcher:
             # Cleared before claiming: a NOTIFY that arrives during the claim still wakes us.
             self._wake.clear()
             if now >= next_reclaim:
-                if reclaimed := await self._claims.scalar("reclaim"):
+                if reclaimed := await self._claims.run(deliveries.reclaim_expired_call()):
                     log.info("reclaimed expired leases count=%d", reclaimed)
                 next_reclaim = now + opts.reclaim_interval
             if self._stale:
@@ -174,7 +185,7 @@ class Dispatcher:
             if want > 0:
                 # Leases are counted from before the query: never later than the server's.
                 sent = loop.time()
-                rows = await self._claims.fetch("claim", (opts.queues, want, opts.burst))
+                rows = await self._claims.run(deliveries.claim_call(opts.queues, want))
                 self._ready.extend((row, sent) for row in rows)
                 self.stats.claimed += len(rows)
                 self._start_ready()
@@ -189,9 +200,9 @@ class Dispatcher:
                     # halves the queries per message.
                     continue
                 idle = opts.until_idle and not self._inflight and not self._unflushed()
-                if idle and not await self._claims.scalar("busy", (opts.queues,)):
+                if idle and not await self._claims.run(deliveries.busy_call(opts.queues)):
                     return
-                wake_in = await self._claims.scalar("next_wakeup", (opts.queues,))
+                wake_in = await self._claims.run(deliveries.next_wakeup_call(opts.queues))
                 if wake_in is not None:
                     timeout = min(timeout, max(wake_in, 0.001))
             if deadline is not None:
@@ -245,39 +256,50 @@ class Dispatcher:
         ) or (self.options.until_idle and not self._inflight):
             self._wake.set()
 
-    async def _deliver(self, row: Any) -> None:
+    async def _deliver(self, row: Claimed) -> None:
         if row.rps < UNPACED_RPS:  # skips a coroutine and a lookup per request otherwise
             pacer = self._pacers.get(row.worker_id)
             if pacer is None:
                 pacer = self._pacers[row.worker_id] = Pacer()
             await pacer.wait(row.rps)
         self._posting.add(asyncio.current_task())  # type: ignore[arg-type]
-        body = row.body.encode()
-        message_id = row.message_id  # text: the claim query casts it
-        headers = build_headers(
-            message_id=message_id,
-            routing_key=row.routing_key,
-            queue=row.queue,
-            attempt=row.attempt,
-            headers=row.headers,
-            body=body,
-            secret=row.secret,
-            timestamp=int(time.time()),
-        )
-        outcome = await post(
-            self._session, row.endpoint, body, headers, row.timeout, self.options.body_limit
-        )
+        started = time.perf_counter()
+        try:
+            body = row.body.encode()
+            headers = build_headers(
+                message_id=row.message_id,
+                routing_key=row.routing_key,
+                queue=row.queue,
+                attempt=row.attempt,
+                headers=row.headers,
+                body=body,
+                secret=row.secret,
+                timestamp=int(time.time()),
+            )
+            outcome = await post(
+                self._session, row.endpoint, body, headers, row.timeout, self.options.body_limit
+            )
+        except Exception as exc:
+            # Whatever one delivery does wrong (a secret that cannot be decoded, a URL the
+            # client refuses, a bug) is that delivery's failed attempt, never a dead task
+            # holding its lease.
+            outcome = Outcome(
+                False,
+                None,
+                (time.perf_counter() - started) * 1000,
+                f"could not send the request: {type(exc).__name__}: {exc}",
+            )
         self._record(row, outcome)
 
-    def _record(self, row: Any, outcome: Outcome) -> None:
+    def _record(self, row: Claimed, outcome: Outcome) -> None:
         if outcome.ok:
             self.stats.delivered += 1
-            self._acks.append((row.delivery_id, outcome.status, outcome.duration_ms))
-            level = logging.DEBUG
+            self._acks.append(Success(row.delivery_id, outcome.status, outcome.duration_ms))
+            level, what = logging.DEBUG, "delivered"
         else:
             self.stats.failed += 1
             self._fails.append(
-                (
+                Failure(
                     row.delivery_id,
                     row.lease_id,
                     outcome.status,
@@ -286,15 +308,19 @@ class Dispatcher:
                     outcome.duration_ms,
                 )
             )
-            level = logging.INFO
+            if row.last_attempt:
+                level, what = logging.WARNING, "dead-lettered"
+            else:
+                level, what = logging.INFO, "failed, will retry"
         if log.isEnabledFor(level):
             log.log(
                 level,
-                "%s queue=%s message_id=%s attempt=%d status=%s duration_ms=%.1f%s",
-                "delivered" if outcome.ok else "failed",
+                "%s queue=%s message_id=%s attempt=%d/%d status=%s duration_ms=%.1f%s",
+                what,
                 row.queue,
                 row.message_id,
                 row.attempt,
+                row.max_attempts,
                 outcome.status if outcome.status is not None else "-",
                 outcome.duration_ms,
                 f" error={outcome.error[:200]!r}" if outcome.error else "",
@@ -309,11 +335,11 @@ class Dispatcher:
         # Taken off the lists only once written: a flush that fails leaves them for the next.
         if self._acks:
             acks = self._acks[:]
-            await self._outcomes_db.fetch("ack", [list(c) for c in zip(*acks, strict=True)])
+            await self._outcomes_db.run(deliveries.ack_call(acks))
             del self._acks[: len(acks)]
         if self._fails:
             fails = self._fails[:]
-            await self._outcomes_db.fetch("fail", [list(c) for c in zip(*fails, strict=True)])
+            await self._outcomes_db.run(deliveries.fail_call(fails))
             del self._fails[: len(fails)]
             return True
         return False
@@ -352,8 +378,6 @@ class Dispatcher:
                     "could not release %d deliveries; their leases will expire", len(released)
                 )
 
-    async def _release(self, rows: list[Any]) -> None:
+    async def _release(self, rows: list[Claimed]) -> None:
         """Hand claimed rows back unattempted."""
-        self.stats.released += await self._claims.scalar(
-            "release", ([r.delivery_id for r in rows], [r.lease_id for r in rows])
-        )
+        self.stats.released += await self._claims.run(deliveries.release_call(rows))

@@ -82,12 +82,12 @@ class Migration(migrations.Migration):
                 ),
                 (
                     "max_retries",
-                    models.PositiveIntegerField(default=pgmb.models._default_max_retries),
+                    models.PositiveIntegerField(default=5),
                 ),
                 (
                     "backoff_base",
                     models.FloatField(
-                        default=pgmb.models._default_backoff_base,
+                        default=1.0,
                         validators=[django.core.validators.MinValueValidator(0)],
                         verbose_name="backoff base (s)",
                     ),
@@ -95,7 +95,7 @@ class Migration(migrations.Migration):
                 (
                     "backoff_max",
                     models.FloatField(
-                        default=pgmb.models._default_backoff_max,
+                        default=300.0,
                         validators=[django.core.validators.MinValueValidator(0)],
                         verbose_name="backoff cap (s)",
                     ),
@@ -103,7 +103,7 @@ class Migration(migrations.Migration):
                 (
                     "lease_seconds",
                     models.FloatField(
-                        default=pgmb.models._default_lease,
+                        default=60.0,
                         validators=[django.core.validators.MinValueValidator(0.001)],
                         verbose_name="lease (s)",
                     ),
@@ -146,7 +146,7 @@ class Migration(migrations.Migration):
                 (
                     "timeout",
                     models.FloatField(
-                        default=pgmb.models._default_timeout,
+                        default=10.0,
                         validators=[django.core.validators.MinValueValidator(0.001)],
                         verbose_name="timeout (s)",
                     ),

@@ -36,9 +36,9 @@ CREATE TABLE public.pgmb_queue (
     binding_key character varying(255) NOT NULL,
     pattern text NOT NULL,
     max_retries integer DEFAULT 5 NOT NULL,
-    backoff_base double precision DEFAULT 1 NOT NULL,
-    backoff_max double precision DEFAULT 300 NOT NULL,
-    lease_seconds double precision DEFAULT 60 NOT NULL,
+    backoff_base double precision DEFAULT 1.0 NOT NULL,
+    backoff_max double precision DEFAULT 300.0 NOT NULL,
+    lease_seconds double precision DEFAULT 60.0 NOT NULL,
     paused boolean DEFAULT false NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     worker_id uuid NOT NULL,
@@ -56,13 +56,15 @@ CREATE TABLE public.pgmb_worker (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     name character varying(48) NOT NULL,
     endpoint character varying(2000) NOT NULL,
-    rps integer NOT NULL,
-    timeout double precision DEFAULT 10 NOT NULL,
+    rps integer DEFAULT 10 NOT NULL,
+    timeout double precision DEFAULT 10.0 NOT NULL,
     secret character varying(200) DEFAULT ''::character varying NOT NULL,
     active boolean DEFAULT true NOT NULL,
     tokens double precision DEFAULT 0 NOT NULL,
     tokens_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    burst double precision DEFAULT 0.2 NOT NULL,
+    CONSTRAINT pgmb_worker_burst_positive CHECK ((burst > (0)::double precision)),
     CONSTRAINT pgmb_worker_rps_check CHECK ((rps >= 0)),
     CONSTRAINT pgmb_worker_rps_positive CHECK ((rps > 0)),
     CONSTRAINT pgmb_worker_timeout_positive CHECK ((timeout > (0)::double precision))
@@ -206,6 +208,7 @@ CREATE TYPE pgmb.claimed AS (
 	delivery_id bigint,
 	lease_id uuid,
 	attempt integer,
+	max_attempts integer,
 	queue_id uuid,
 	queue text,
 	message_id uuid,
@@ -344,10 +347,10 @@ BEGIN
 END $$;
 
 --
--- Name: claim(text[], integer, double precision); Type: FUNCTION; Schema: pgmb; Owner: -
+-- Name: claim(text[], integer); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
-CREATE FUNCTION pgmb.claim(queue_names text[], max_count integer, burst double precision DEFAULT 0.2) RETURNS SETOF pgmb.claimed
+CREATE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -375,7 +378,7 @@ BEGIN
         PERFORM 1 FROM pgmb_worker wk WHERE wk.id = w.id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         UPDATE pgmb_worker wk
-        SET tokens = least(greatest(1, wk.rps * burst),
+        SET tokens = least(greatest(1, wk.rps * wk.burst),
                            wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
             tokens_at = t
         WHERE wk.id = w.id
@@ -398,11 +401,12 @@ BEGIN
                     available_at = t + qu.lease_seconds * interval '1 second'
                 FROM picked, pgmb_queue qu
                 WHERE d.id = picked.id AND qu.id = d.queue_id
-                RETURNING d.id, d.attempts, d.queue_id, qu.name, d.message_id, qu.lease_seconds
+                RETURNING d.id, d.attempts, 1 + qu.max_retries AS max_attempts, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds
             )
-            SELECT l.id, lease, l.attempts, l.queue_id, l.name::text, m.id, m.routing_key::text,
-                   m.body::text, m.headers, m.created_at, wk.id, wk.endpoint::text, wk.timeout,
-                   wk.secret::text, wk.rps, l.lease_seconds
+            SELECT l.id, lease, l.attempts, l.max_attempts, l.queue_id, l.name::text, m.id,
+                   m.routing_key::text, m.body::text, m.headers, m.created_at, wk.id,
+                   wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
             FROM leased l
             JOIN pgmb_message m ON m.id = l.message_id
             JOIN pgmb_worker wk ON wk.id = w.id;
@@ -568,10 +572,10 @@ CREATE FUNCTION pgmb.cron_version() RETURNS integer[]
 $$;
 
 --
--- Name: dispatch_loop(double precision, integer, text[], double precision, boolean); Type: PROCEDURE; Schema: pgmb; Owner: -
+-- Name: dispatch_loop(double precision, integer, text[], boolean); Type: PROCEDURE; Schema: pgmb; Owner: -
 --
 
-CREATE PROCEDURE pgmb.dispatch_loop(IN seconds double precision DEFAULT 55, IN batch integer DEFAULT 50, IN queue_names text[] DEFAULT NULL::text[], IN burst double precision DEFAULT 0.2, IN as_job boolean DEFAULT false)
+CREATE PROCEDURE pgmb.dispatch_loop(IN seconds double precision DEFAULT 55, IN batch integer DEFAULT 50, IN queue_names text[] DEFAULT NULL::text[], IN as_job boolean DEFAULT false)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -580,6 +584,7 @@ DECLARE
     claimed pgmb.claimed[];
     c pgmb.claimed;
     outcome pgmb.http_outcome;
+    started timestamptz;
     next_post jsonb := '{}';
     wait float8;
 BEGIN
@@ -592,7 +597,7 @@ BEGIN
             PERFORM pgmb.reclaim_expired();
             next_reclaim := clock_timestamp() + interval '5 seconds';
         END IF;
-        SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch, burst) AS x;
+        SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
         COMMIT;
         IF claimed IS NULL THEN
             wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
@@ -617,14 +622,26 @@ BEGIN
             END IF;
             next_post := next_post || jsonb_build_object(c.worker_id::text,
                                                          extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
-            outcome := pgmb.post(c.endpoint, c.body,
-                                 pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
-            IF outcome.status BETWEEN 200 AND 299 THEN
-                PERFORM pgmb.ack(ARRAY[c.delivery_id], ARRAY[outcome.status], ARRAY[outcome.duration_ms]);
-            ELSE
-                PERFORM pgmb.fail(ARRAY[c.delivery_id], ARRAY[c.lease_id], ARRAY[outcome.status],
-                                  ARRAY[outcome.error], ARRAY[outcome.retry_after], ARRAY[outcome.duration_ms]);
-            END IF;
+            started := clock_timestamp();
+            BEGIN
+                outcome := pgmb.post(c.endpoint, c.body,
+                                     pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+            EXCEPTION WHEN others THEN
+                outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
+                               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+            END;
+            BEGIN
+                IF outcome.status BETWEEN 200 AND 299 THEN
+                    PERFORM pgmb.ack(ARRAY[c.delivery_id], ARRAY[outcome.status], ARRAY[outcome.duration_ms]);
+                ELSE
+                    PERFORM pgmb.fail(ARRAY[c.delivery_id], ARRAY[c.lease_id], ARRAY[outcome.status],
+                                      ARRAY[outcome.error], ARRAY[outcome.retry_after], ARRAY[outcome.duration_ms]);
+                END IF;
+            EXCEPTION WHEN others THEN
+                -- Not even the outcome could be written: the lease runs out and the delivery
+                -- is retried, as after a crash.
+                RAISE WARNING 'pgmb: could not record the outcome of delivery %: %', c.delivery_id, SQLERRM;
+            END;
             COMMIT;
         END LOOP;
     END LOOP;
@@ -911,6 +928,37 @@ BEGIN
 END $_$;
 
 --
+-- Name: purge_dead_letters(bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.purge_dead_letters(dead_letter_ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM pgmb_dead_letter x WHERE x.id = ANY (dead_letter_ids);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+--
+-- Name: purge_dead_letters(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.purge_dead_letters(queue_name text) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM pgmb_dead_letter x USING pgmb_queue q
+    WHERE q.id = x.queue_id AND q.name = queue_name;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+--
 -- Name: reclaim_expired(integer); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1181,6 +1229,21 @@ BEGIN
     SELECT count(*)::integer INTO settled FROM history;
     RETURN settled;
 END $$;
+
+--
+-- Name: unrouted(uuid[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.unrouted(message_ids uuid[]) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT u.id FROM unnest(message_ids) WITH ORDINALITY AS u(id, n)
+    WHERE EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = u.id)
+      AND NOT EXISTS (SELECT 1 FROM pgmb_delivery d WHERE d.message_id = u.id)
+      AND NOT EXISTS (SELECT 1 FROM pgmb_dead_letter x WHERE x.message_id = u.id)
+      AND NOT EXISTS (SELECT 1 FROM pgmb_attempt a WHERE a.message_id = u.id)
+    ORDER BY u.n
+$$;
 
 --
 -- Name: view_base(text); Type: FUNCTION; Schema: pgmb; Owner: -

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import pgmb
+from pgmb import deliveries
 from pgmb.models import Attempt, DeadLetter, Delivery
 from tests.httpserver import hangup, reply, retry_after, slow
 
@@ -172,7 +173,7 @@ def test_requeued_dead_letters_are_delivered(
     pgmb.send_batch([("k", 1), ("k", 2)])
     dispatch()
     assert DeadLetter.objects.filter(queue=queue).count() == 2
-    assert sql("SELECT pgmb.requeue('jobs')") == [(2,)]
+    assert deliveries.requeue_queue("jobs") == 2
     dispatch()
     assert not DeadLetter.objects.exists()
     assert sorted(r.json() for r in recording_server.requests[2:]) == [1, 2]

@@ -38,17 +38,20 @@ def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, se
         "unicode": "grüße",
     }
     pgmb.send("k.l", {"x": "é"}, headers=headers)
-    row = pg.execute(
-        "SELECT (c).*, pgmb.request_headers(c, 1700000000) FROM pgmb.claim(NULL, 1) AS c"
-    ).fetchone()
-    sql_headers = row[-1]
+    [(message_id, attempt, sql_headers)] = pg.execute(
+        "SELECT c.message_id, c.attempt, pgmb.request_headers(c, 1700000000)"
+        " FROM pgmb.claim(NULL, 1) AS c"
+    ).fetchall()
+    [(body,)] = pg.execute(
+        "SELECT body::text FROM pgmb_message WHERE id = %s", (message_id,)
+    ).fetchall()
     python_headers = build_headers(
-        message_id=str(row[5]),
-        routing_key=row[6],
-        queue=row[4],
-        attempt=row[2],
-        headers=row[8],
-        body=row[7].encode(),
+        message_id=str(message_id),
+        routing_key="k.l",
+        queue="hq",
+        attempt=attempt,
+        headers=headers,
+        body=body.encode(),
         secret=secret,
         timestamp=1700000000,
     )

@@ -16,7 +16,7 @@ def test_defaults_are_typed():
     settings = conf.get()
     assert settings.DATABASE == "default"
     assert settings.SEND_BATCH_SIZE == 1000
-    assert isinstance(settings.DEFAULT_BACKOFF_BASE, float)
+    assert isinstance(settings.DISPATCH_GIVE_UP, float)
 
 
 @pytest.mark.parametrize(
@@ -24,8 +24,10 @@ def test_defaults_are_typed():
     [
         ({"SEND_BATCH_SIZE": "10"}, "must be int"),
         ({"SEND_BATCH_SIZE": 0}, "at least 1"),
-        ({"DEFAULT_BACKOFF_BASE": -1}, "must not be negative"),
-        ({"DEFAULT_BACKOFF_BASE": True}, "must be int"),
+        ({"DISPATCH_GIVE_UP": -1}, "must not be negative"),
+        ({"DISPATCH_GIVE_UP": True}, "must be float"),
+        ({"DEFAULT_MAX_RETRIES": 3}, "no longer a setting: defaults of new queues"),
+        ({"RATE_BURST": 0.5}, "each worker's own 'burst'"),
         ({"NOPE": 1}, "not a pgmb setting"),
         ({"JSON_ENCODER": "no.such.Encoder"}, "cannot be imported"),
         ([], "must be a dict"),
@@ -41,7 +43,7 @@ def test_bad_settings_are_reported(raw, text):
 
 
 def test_good_settings_pass_and_are_read():
-    with override_settings(PGMB={"SEND_BATCH_SIZE": 50, "DEFAULT_BACKOFF_BASE": 2}):
+    with override_settings(PGMB={"SEND_BATCH_SIZE": 50, "DISPATCH_GIVE_UP": 2}):
         assert check_settings() == []
         assert conf.get().SEND_BATCH_SIZE == 50
     assert conf.get().SEND_BATCH_SIZE == 1000

@@ -1,47 +1,31 @@
-"""The delivery state machine in SQL: claim, ack, fail/retry, dead letter, lease expiry,
-requeue, rate limits. Both dispatchers call exactly these functions."""
+"""The delivery state machine: claim, ack, fail/retry, dead letter, lease expiry, requeue,
+purge, rate limits, through the typed API (pgmb.deliveries) that both dispatchers, the
+commands and the admin use. Each call is one SQL function of schema pgmb."""
 
 import json
-import uuid
 
 import psycopg
 import pytest
 from django.db import connection
 
 import pgmb
+from pgmb import deliveries
+from pgmb.deliveries import Failure, Success
 from pgmb.models import Attempt, DeadLetter, Delivery
-
-CLAIM_COLUMNS = (
-    "delivery_id, lease_id, attempt, queue_id, queue, message_id, routing_key, body, headers,"
-    " created_at, worker_id, endpoint, timeout, secret, rps"
-)
 
 
 @pytest.fixture
-def claim(sql):
-    def run(queues=None, n=100, burst=1.0) -> list[dict]:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT {CLAIM_COLUMNS} FROM pgmb.claim(%s, %s, %s)", (queues, n, burst)
-            )
-            names = [c.name for c in cursor.description]
-            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+def claim(db):
+    def run(queues=None, n=100) -> list[deliveries.Claimed]:
+        return deliveries.claim(queues, n)
 
     return run
 
 
 def _fail(sql, rows, status=500, error="boom", retry_after=None):
-    return sql(
-        "SELECT pgmb.fail(%s, %s, %s, %s, %s, %s)",
-        (
-            [r["delivery_id"] for r in rows],
-            [r["lease_id"] for r in rows],
-            [status] * len(rows),
-            [error] * len(rows),
-            [retry_after] * len(rows),
-            [12.5] * len(rows),
-        ),
-    )[0][0]
+    return deliveries.fail(
+        [Failure(r.delivery_id, r.lease_id, status, error, retry_after, 12.5) for r in rows]
+    )
 
 
 def _expire_leases(sql):
@@ -60,13 +44,15 @@ def test_claim_leases_due_deliveries_with_everything_a_post_needs(make_worker, m
     mid = pgmb.send("order.created", {"n": 1}, headers={"h": "v"})
     pgmb.send("order.created", {"n": 2}, delay=3600)
     [row] = claim()
-    assert row["message_id"] == mid
-    assert row["body"] == '{"n": 1}'
-    assert json.loads(row["headers"]) == {"h": "v"}  # Django's cursor leaves jsonb as text
-    assert (row["queue"], row["routing_key"], row["attempt"]) == (queue.name, "order.created", 1)
-    assert (row["endpoint"], row["secret"], row["rps"]) == ("http://127.0.0.1:1/x", "s3cret", 1000)
-    delivery = Delivery.objects.get(pk=row["delivery_id"])
-    assert (delivery.state, delivery.attempts, delivery.lease_id) == ("leased", 1, row["lease_id"])
+    assert row.message_id == str(mid)
+    assert row.body == '{"n": 1}'
+    assert json.loads(row.headers) == {"h": "v"}  # Django's cursor leaves jsonb as text
+    assert (row.queue, row.routing_key, row.attempt) == (queue.name, "order.created", 1)
+    assert (row.max_attempts, row.last_attempt) == (1 + queue.max_retries, False)
+    assert (row.endpoint, row.secret, row.rps) == ("http://127.0.0.1:1/x", "s3cret", 1000)
+    assert (row.timeout, row.lease_seconds, row.worker_id) == (10.0, 30.0, str(worker.pk))
+    delivery = Delivery.objects.get(pk=row.delivery_id)
+    assert (delivery.state, delivery.attempts, delivery.lease_id) == ("leased", 1, row.lease_id)
     assert claim() == []  # leased and delayed deliveries are not due
 
 
@@ -77,16 +63,16 @@ def test_claim_respects_queue_names_pause_and_inactive_workers(make_worker, make
     idle = make_queue("d", name="qd", worker=make_worker(active=False))
     for key in "abcd":
         pgmb.send(key, 1)
-    assert {r["queue"] for r in claim(["qb", "qc", "qd"])} == {b.name}
-    assert {r["queue"] for r in claim()} == {a.name}
+    assert {r.queue for r in claim(["qb", "qc", "qd"])} == {b.name}
+    assert {r.queue for r in claim()} == {a.name}
     assert paused.deliveries.get().state == idle.deliveries.get().state == "ready"
 
 
 def test_claim_is_fifo_within_a_queue(make_queue, claim):
     make_queue("#")
-    ids = [pgmb.send("k", n) for n in range(5)]
-    assert [r["message_id"] for r in claim(n=3)] == ids[:3]
-    assert [r["message_id"] for r in claim(n=3)] == ids[3:]
+    ids = [str(pgmb.send("k", n)) for n in range(5)]
+    assert [r.message_id for r in claim(n=3)] == ids[:3]
+    assert [r.message_id for r in claim(n=3)] == ids[3:]
 
 
 @pytest.fixture
@@ -105,52 +91,53 @@ def test_claims_skip_deliveries_locked_by_another_claim(make_queue, second_conne
     held = second_connection.execute(
         "SELECT id FROM pgmb_delivery ORDER BY id LIMIT 150 FOR UPDATE"
     ).fetchall()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT delivery_id FROM pgmb.claim(NULL, 200, 1000)")
-        claimed = {r[0] for r in cursor.fetchall()}
+    claimed = {c.delivery_id for c in deliveries.claim(None, 200)}
     second_connection.rollback()
     assert len(claimed) == 50
     assert not claimed & {r[0] for r in held}
 
 
 @pytest.mark.django_db(transaction=True)
-def test_claims_skip_a_worker_another_claim_is_serving(make_queue, second_connection):
-    make_queue("#")
+def test_claims_skip_a_worker_another_claim_is_serving(
+    make_worker, make_queue, second_connection
+):
+    make_queue("#", worker=make_worker(rps=1000, burst=1.0))
     pgmb.send_batch(("k", n) for n in range(10))
-    busy = second_connection.execute("SELECT count(*) FROM pgmb.claim(NULL, 4, 1000)").fetchone()
+    busy = second_connection.execute("SELECT count(*) FROM pgmb.claim(NULL, 4)").fetchone()
     with connection.cursor() as cursor:
         cursor.execute("SET lock_timeout = '2s'")
-        cursor.execute("SELECT count(*) FROM pgmb.claim(NULL, 10, 1000)")
-        assert cursor.fetchone() == (0,)  # returned at once, without waiting for the lock
-        second_connection.commit()
-        cursor.execute("SELECT count(*) FROM pgmb.claim(NULL, 10, 1000)")
-        assert cursor.fetchone() == (6,)
+    assert deliveries.claim(None, 10) == []  # returned at once, without waiting for the lock
+    second_connection.commit()
+    assert len(deliveries.claim(None, 10)) == 6
+    with connection.cursor() as cursor:
         cursor.execute("RESET lock_timeout")
     assert busy == (4,)
 
 
 def test_token_bucket_caps_a_claim_and_refills(make_worker, make_queue, claim, sql):
-    worker = make_worker(rps=10)
+    worker = make_worker(rps=10, burst=1.0)
     make_queue("#", worker=worker)
     pgmb.send_batch(("k", n) for n in range(50))
-    assert len(claim(n=50, burst=1.0)) == 10  # a full bucket is rps * burst tokens
-    assert len(claim(n=50, burst=1.0)) == 0
+    assert len(claim(n=50)) == 10  # a full bucket is rps * burst tokens
+    assert len(claim(n=50)) == 0
     sql("UPDATE pgmb_worker SET tokens_at = tokens_at - interval '0.5 second'")
-    assert len(claim(n=50, burst=1.0)) == 5
+    assert len(claim(n=50)) == 5
+    sql("UPDATE pgmb_worker SET burst = 0.3, tokens_at = tokens_at - interval '1 hour'")
+    assert len(claim(n=50)) == 3  # each worker's own burst sizes its bucket
 
 
 def test_ack_removes_the_delivery_and_records_it(make_queue, claim, sql):
     queue = make_queue("#", name="order_queue")
     mid = pgmb.send("order.created", 1)
     [row] = claim()
-    assert sql("SELECT pgmb.ack(%s, %s, %s)", ([row["delivery_id"]], [204], [3.5])) == [(1,)]
+    assert deliveries.ack([Success(row.delivery_id, 204, 3.5)]) == 1
     assert not Delivery.objects.exists()
     attempt = Attempt.objects.get()
     assert (attempt.message_id, attempt.queue_id, attempt.attempt) == (mid, queue.pk, 1)
     assert (attempt.outcome, attempt.status_code, attempt.duration_ms) == ("ack", 204, 3.5)
     assert sql("SELECT acknoledge, state FROM pgmb.order_queue") == [(True, "acked")]
     assert sql("SELECT count(*) FROM pgmb.order_queue WHERE acknoledge = false") == [(0,)]
-    assert sql("SELECT pgmb.ack(%s)", ([row["delivery_id"]],)) == [(0,)]  # twice is harmless
+    assert deliveries.ack([Success(row.delivery_id)]) == 0  # twice is harmless
 
 
 def test_fail_retries_with_backoff_then_dead_letters(make_queue, claim, sql):
@@ -159,7 +146,7 @@ def test_fail_retries_with_backoff_then_dead_letters(make_queue, claim, sql):
     delays = []
     for attempt in (1, 2):
         [row] = claim()
-        assert row["attempt"] == attempt
+        assert (row.attempt, row.last_attempt) == (attempt, False)
         assert _fail(sql, [row]) == 1
         [(delay,)] = sql("SELECT extract(epoch FROM available_at - now()) FROM pgmb_delivery")
         delays.append(float(delay))
@@ -168,7 +155,7 @@ def test_fail_retries_with_backoff_then_dead_letters(make_queue, claim, sql):
     assert 5 <= delays[0] <= 10.5
     assert 7.5 <= delays[1] <= 15.5
     [row] = claim()
-    assert row["attempt"] == 3  # 1 + max_retries attempts in all
+    assert (row.attempt, row.last_attempt) == (3, True)  # 1 + max_retries attempts in all
     assert _fail(sql, [row], status=503, error="unavailable") == 1
     assert not Delivery.objects.exists()
     dead = DeadLetter.objects.get()
@@ -200,10 +187,10 @@ def test_a_stale_lease_cannot_fail_a_new_claim(make_queue, claim, sql):
     pgmb.send("k", 1)
     [old] = claim()
     _expire_leases(sql)
-    assert sql("SELECT pgmb.reclaim_expired()") == [(1,)]
+    assert deliveries.reclaim_expired() == 1
     _make_due(sql)
     [new] = claim()
-    assert new["lease_id"] != old["lease_id"]
+    assert new.lease_id != old.lease_id
     assert _fail(sql, [old]) == 0
     assert Delivery.objects.get().state == "leased"
 
@@ -213,12 +200,12 @@ def test_expired_leases_count_as_failed_attempts(make_queue, claim, sql):
     pgmb.send("k", 1)
     claim()
     _expire_leases(sql)
-    assert sql("SELECT pgmb.reclaim_expired()") == [(1,)]
+    assert deliveries.reclaim_expired() == 1
     delivery = Delivery.objects.get()
     assert (delivery.state, delivery.attempts) == ("ready", 1)
     claim()
     _expire_leases(sql)
-    sql("SELECT pgmb.reclaim_expired()")
+    deliveries.reclaim_expired()
     assert not Delivery.objects.exists()
     assert DeadLetter.objects.get().last_error.startswith("lease expired")
     assert list(Attempt.objects.order_by("attempt").values_list("outcome", flat=True)) == [
@@ -233,24 +220,42 @@ def test_requeue_brings_dead_letters_back(make_queue, claim, sql):
     _fail(sql, claim())
     assert DeadLetter.objects.count() == 3
     one = DeadLetter.objects.order_by("id").first()
-    assert sql("SELECT pgmb.requeue(%s)", ([one.pk],)) == [(1,)]
-    assert sql("SELECT pgmb.requeue('jobs')") == [(2,)]
+    assert deliveries.requeue(one.pk) == 1
+    assert deliveries.requeue_queue("jobs") == 2
+    assert deliveries.requeue_queue("jobs") == 0
     assert not DeadLetter.objects.exists()
     rows = claim()
     assert len(rows) == 3
-    assert {r["attempt"] for r in rows} == {1}
+    assert {r.attempt for r in rows} == {1}
     assert queue.deliveries.count() == 3
+
+
+def test_purge_deletes_dead_letters_and_keeps_their_history(make_queue, claim, sql):
+    make_queue("#", name="jobs", max_retries=0)
+    other = make_queue("#", name="other", max_retries=0)
+    pgmb.send_batch(("k", n) for n in range(3))
+    _fail(sql, claim())
+    assert DeadLetter.objects.count() == 6
+    first, second = DeadLetter.objects.filter(queue__name="jobs").order_by("id")[:2]
+    assert deliveries.purge_dead_letters([first.pk, second.pk]) == 2
+    assert deliveries.purge_dead_letters(first.pk) == 0
+    assert deliveries.purge_queue_dead_letters("jobs") == 1
+    assert list(DeadLetter.objects.values_list("queue", flat=True)) == [other.pk] * 3
+    assert Attempt.objects.filter(outcome="dead").count() == 6
 
 
 def test_next_wakeup(make_queue, claim, sql):
     make_queue("#", name="w1", lease_seconds=300)
-    assert sql("SELECT pgmb.next_wakeup(NULL)") == [(None,)]
-    pgmb.send("k", 1, delay=30)
-    [(seconds,)] = sql("SELECT pgmb.next_wakeup(NULL)")
-    assert 29 <= seconds <= 30
+    assert deliveries.next_wakeup() is None
+    assert deliveries.busy() is False
+    pgmb.send("k", 1, delay=3600)
+    seconds = deliveries.next_wakeup()
+    assert 3000 < seconds <= 3600  # generous: only the order of magnitude is the point
+    assert deliveries.busy() is False  # delayed by its producer: nothing to wait for
     pgmb.send("k", 2)
-    assert sql("SELECT pgmb.next_wakeup(ARRAY['w1'])") == [(0.0,)]
-    assert sql("SELECT pgmb.next_wakeup(ARRAY['other'])") == [(None,)]
+    assert deliveries.next_wakeup(["w1"]) == 0.0
+    assert deliveries.busy(["w1"]) is True
+    assert deliveries.next_wakeup(["other"]) is None
 
 
 def test_claim_ack_fail_query_counts(
@@ -261,8 +266,9 @@ def test_claim_ack_fail_query_counts(
     with django_assert_num_queries(1):
         rows = claim(n=20)
     with django_assert_num_queries(1):
-        sql("SELECT pgmb.ack(%s)", ([r["delivery_id"] for r in rows[:10]],))
+        deliveries.ack([Success(r.delivery_id) for r in rows[:10]])
     with django_assert_num_queries(1):
         _fail(sql, rows[10:])
+    with django_assert_num_queries(1):
+        assert deliveries.release(rows) == 0  # acked or failed: nothing left to release
     assert Attempt.objects.count() == 20
-    assert uuid.UUID(str(rows[0]["lease_id"]))

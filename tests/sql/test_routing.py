@@ -3,7 +3,7 @@ the trigger itself, so all three agree."""
 
 import pytest
 
-from pgmb import routing
+from pgmb import deliveries, routing
 from pgmb.models import Delivery, Message
 
 # (binding key, routing key, routed?)
@@ -138,10 +138,8 @@ def test_deleting_a_queue_in_sql_takes_its_deliveries_and_dead_letters(make_queu
     pgmb_send = "SELECT pgmb.send(gen_random_uuid(), 'k', '1')"
     sql(pgmb_send)
     sql(pgmb_send)
-    [(delivery_id, lease_id)] = sql(
-        "SELECT delivery_id, lease_id FROM pgmb.claim(ARRAY['doomed'], 1)"
-    )
-    sql("SELECT pgmb.fail(%s, %s)", ([delivery_id], [lease_id]))
+    [claimed] = deliveries.claim(["doomed"], 1)
+    deliveries.fail([deliveries.Failure(claimed.delivery_id, claimed.lease_id)])
     sql("DELETE FROM pgmb_queue WHERE id = %s", (queue.pk,))
     assert sql("SELECT count(*) FROM pgmb_delivery WHERE queue_id = %s", (queue.pk,)) == [(0,)]
     assert sql("SELECT count(*) FROM pgmb_dead_letter WHERE queue_id = %s", (queue.pk,)) == [(0,)]

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from pgmb import conf
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.dispatch.database import Unavailable, conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Queue
 
@@ -65,7 +65,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--until-idle",
             action="store_true",
-            help="Exit 0 once nothing is due, leased or waiting for a retry.",
+            help="Exit 0 once nothing is due, leased or waiting for a retry; exit 1 if the "
+            "database stays unreachable for --give-up-after seconds.",
+        )
+        parser.add_argument(
+            "--give-up-after",
+            type=_positive(float),
+            default=None,
+            metavar="SECONDS",
+            help="Exit with an error once the database has been unreachable this long "
+            f"(default with --until-idle: {settings.DISPATCH_GIVE_UP:g}; otherwise never).",
         )
         parser.add_argument(
             "--max-seconds",
@@ -91,11 +100,15 @@ class Command(BaseCommand):
             reclaim_interval=settings.DISPATCH_RECLAIM_INTERVAL,
             until_idle=opts["until_idle"],
             max_seconds=opts["max_seconds"],
-            burst=settings.RATE_BURST,
+            give_up_after=opts["give_up_after"]
+            or (settings.DISPATCH_GIVE_UP if opts["until_idle"] else None),
             body_limit=settings.RESPONSE_BODY_LIMIT,
         )
         dispatcher = Dispatcher(conninfo_from_django(settings.DATABASE), options)
-        stats = asyncio.run(dispatcher.run())
+        try:
+            stats = asyncio.run(dispatcher.run())
+        except Unavailable as exc:
+            raise CommandError(f"gave up: the database is {exc}") from exc
         if opts["verbosity"] >= 1:
             self.stdout.write(stats.summary())
 

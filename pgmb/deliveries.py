@@ -1,0 +1,294 @@
+"""The typed API over the delivery state machine: claim, ack, fail, release, reclaim,
+requeue, purge.
+
+Every transition is one SQL function of schema ``pgmb`` (the single implementation both
+dispatchers share), called here once, with named parameters, from
+``pgmb/sql/queries/deliveries.sql``. Each call exists twice, with the same statement:
+
+* synchronously on a Django connection, inside the caller's transaction::
+
+      from pgmb import deliveries
+      deliveries.requeue_queue("order_queue")
+      for claim in deliveries.claim(["order_queue"], limit=10): ...
+
+* asynchronously on a psycopg ``AsyncConnection`` (the external dispatcher)::
+
+      claims = await deliveries.aclaim(conn, ["order_queue"], limit=10)
+
+The ``*_call`` functions build the statements themselves (:class:`Call`), for callers that
+run them their own way, such as the dispatcher's reconnecting connection.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from django.db import connections
+
+from . import conf, sql
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """One leased delivery, with everything needed to POST it."""
+
+    delivery_id: int
+    #: Fences this claim's outcome: a dispatcher whose lease ran out cannot fail or
+    #: release a delivery someone else has claimed since.
+    lease_id: uuid.UUID
+    #: This attempt's number, from 1.
+    attempt: int
+    #: 1 + the queue's max_retries: a failure of this attempt dead-letters the delivery.
+    max_attempts: int
+    queue: str
+    message_id: str
+    routing_key: str
+    #: The message body as JSON text, posted as it is.
+    body: str
+    headers: dict[str, Any] | None
+    worker_id: str
+    endpoint: str
+    #: The worker's HTTP timeout, in seconds.
+    timeout: float
+    secret: str
+    rps: int
+    #: How long the lease lasts, in seconds, counted from the claim.
+    lease_seconds: float
+
+    @property
+    def last_attempt(self) -> bool:
+        """Whether a failure of this attempt moves the delivery to the dead letters."""
+        return self.attempt >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    """A 2xx answer to a claimed delivery."""
+
+    delivery_id: int
+    status: int | None = None
+    duration_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt: no answer (status None) or a non-2xx one."""
+
+    delivery_id: int
+    lease_id: uuid.UUID
+    status: int | None = None
+    error: str = ""
+    #: Seconds the worker asked to wait (Retry-After); the backoff is at least this long.
+    retry_after: float | None = None
+    duration_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One statement of the state machine, its parameters, and how to read its result."""
+
+    query: str
+    params: dict[str, Any]
+    #: Turns (column names, rows) into the result.
+    read: Callable[[list[str], list[tuple[Any, ...]]], T]
+
+
+def _statement(name: str) -> str:
+    return sql.query("deliveries.sql", name)
+
+
+def _scalar(names: list[str], rows: list[tuple[Any, ...]]) -> Any:
+    return rows[0][0] if rows else None
+
+
+def _count(names: list[str], rows: list[tuple[Any, ...]]) -> int:
+    return int(_scalar(names, rows) or 0)
+
+
+def _claims(names: list[str], rows: list[tuple[Any, ...]]) -> list[Claimed]:
+    return [Claimed(**dict(zip(names, row, strict=True))) for row in rows]
+
+
+def _queues(queues: Iterable[str] | None) -> list[str] | None:
+    return None if queues is None else list(queues)
+
+
+def _ids(ids: int | Iterable[int]) -> list[int]:
+    return [ids] if isinstance(ids, int) else [int(i) for i in ids]
+
+
+def claim_call(queues: Iterable[str] | None = None, limit: int = 100) -> Call[list[Claimed]]:
+    return Call(_statement("claim"), {"queues": _queues(queues), "limit": limit}, _claims)
+
+
+def ack_call(successes: Sequence[Success]) -> Call[int]:
+    return Call(
+        _statement("ack"),
+        {
+            "ids": [s.delivery_id for s in successes],
+            "statuses": [s.status for s in successes],
+            "durations_ms": [s.duration_ms for s in successes],
+        },
+        _count,
+    )
+
+
+def fail_call(failures: Sequence[Failure]) -> Call[int]:
+    return Call(
+        _statement("fail"),
+        {
+            "ids": [f.delivery_id for f in failures],
+            "lease_ids": [f.lease_id for f in failures],
+            "statuses": [f.status for f in failures],
+            "errors": [f.error for f in failures],
+            "retry_after": [f.retry_after for f in failures],
+            "durations_ms": [f.duration_ms for f in failures],
+        },
+        _count,
+    )
+
+
+def release_call(claims: Sequence[Claimed]) -> Call[int]:
+    return Call(
+        _statement("release"),
+        {"ids": [c.delivery_id for c in claims], "lease_ids": [c.lease_id for c in claims]},
+        _count,
+    )
+
+
+def reclaim_expired_call(limit: int = 1000) -> Call[int]:
+    return Call(_statement("reclaim_expired"), {"limit": limit}, _count)
+
+
+def requeue_call(dead_letter_ids: int | Iterable[int]) -> Call[int]:
+    return Call(_statement("requeue"), {"ids": _ids(dead_letter_ids)}, _count)
+
+
+def requeue_queue_call(queue: str) -> Call[int]:
+    return Call(_statement("requeue_queue"), {"queue": queue}, _count)
+
+
+def purge_dead_letters_call(dead_letter_ids: int | Iterable[int]) -> Call[int]:
+    return Call(_statement("purge_dead_letters"), {"ids": _ids(dead_letter_ids)}, _count)
+
+
+def purge_queue_dead_letters_call(queue: str) -> Call[int]:
+    return Call(_statement("purge_queue_dead_letters"), {"queue": queue}, _count)
+
+
+def next_wakeup_call(queues: Iterable[str] | None = None) -> Call[float | None]:
+    return Call(_statement("next_wakeup"), {"queues": _queues(queues)}, _scalar)
+
+
+def busy_call(queues: Iterable[str] | None = None) -> Call[bool]:
+    return Call(_statement("busy"), {"queues": _queues(queues)}, lambda n, r: bool(_scalar(n, r)))
+
+
+def run(call: Call[T], using: str | None = None) -> T:
+    """Run a call on a Django connection, in the caller's transaction."""
+    with connections[using or conf.get().DATABASE].cursor() as cursor:
+        cursor.execute(call.query, call.params)
+        if cursor.description is None:
+            return call.read([], [])
+        return call.read([c.name for c in cursor.description], cursor.fetchall())
+
+
+async def arun(conn: Any, call: Call[T]) -> T:
+    """Run a call on a psycopg ``AsyncConnection``."""
+    async with conn.cursor() as cursor:
+        await cursor.execute(call.query, call.params)
+        if cursor.description is None:
+            return call.read([], [])
+        return call.read([c.name for c in cursor.description], await cursor.fetchall())
+
+
+# The synchronous API (a Django connection, the caller's transaction).
+
+
+def claim(
+    queues: Iterable[str] | None = None, limit: int = 100, *, using: str | None = None
+) -> list[Claimed]:
+    """Lease up to ``limit`` due deliveries of ``queues`` (None: all), within rate limits."""
+    return run(claim_call(queues, limit), using)
+
+
+def ack(successes: Sequence[Success], *, using: str | None = None) -> int:
+    """Record 2xx answers: the deliveries leave the hot table; returns how many were acked."""
+    return run(ack_call(successes), using) if successes else 0
+
+
+def fail(failures: Sequence[Failure], *, using: str | None = None) -> int:
+    """Record failed attempts: retry after a backoff, or dead-letter the last attempt.
+
+    Fenced by lease: a failure whose lease is no longer the delivery's is ignored.
+    Returns how many were recorded.
+    """
+    return run(fail_call(failures), using) if failures else 0
+
+
+def release(claims: Sequence[Claimed], *, using: str | None = None) -> int:
+    """Hand claimed deliveries back unattempted (due at once, the attempt not counted)."""
+    return run(release_call(claims), using) if claims else 0
+
+
+def reclaim_expired(limit: int = 1000, *, using: str | None = None) -> int:
+    """Count leases that ran out (a dispatcher died) as failed attempts; returns how many."""
+    return run(reclaim_expired_call(limit), using)
+
+
+def requeue(dead_letter_ids: int | Iterable[int], *, using: str | None = None) -> int:
+    """Move dead letters (one id or many) back to their queues, due now, attempts from 0."""
+    return run(requeue_call(dead_letter_ids), using)
+
+
+def requeue_queue(queue: str, *, using: str | None = None) -> int:
+    """Move every dead letter of ``queue`` back to it; returns how many."""
+    return run(requeue_queue_call(queue), using)
+
+
+def purge_dead_letters(dead_letter_ids: int | Iterable[int], *, using: str | None = None) -> int:
+    """Delete dead letters (their attempt history stays); returns how many."""
+    return run(purge_dead_letters_call(dead_letter_ids), using)
+
+
+def purge_queue_dead_letters(queue: str, *, using: str | None = None) -> int:
+    """Delete every dead letter of ``queue``; returns how many."""
+    return run(purge_queue_dead_letters_call(queue), using)
+
+
+def next_wakeup(queues: Iterable[str] | None = None, *, using: str | None = None) -> float | None:
+    """Seconds until something of ``queues`` may be claimable; None when nothing is pending."""
+    return run(next_wakeup_call(queues), using)
+
+
+def busy(queues: Iterable[str] | None = None, *, using: str | None = None) -> bool:
+    """Whether anything of ``queues`` is due, leased or waiting for a retry."""
+    return run(busy_call(queues), using)
+
+
+# The asynchronous API (a psycopg AsyncConnection), for the external dispatcher.
+
+
+async def aclaim(conn: Any, queues: Iterable[str] | None = None, limit: int = 100) -> list[Claimed]:
+    return await arun(conn, claim_call(queues, limit))
+
+
+async def aack(conn: Any, successes: Sequence[Success]) -> int:
+    return await arun(conn, ack_call(successes)) if successes else 0
+
+
+async def afail(conn: Any, failures: Sequence[Failure]) -> int:
+    return await arun(conn, fail_call(failures)) if failures else 0
+
+
+async def arelease(conn: Any, claims: Sequence[Claimed]) -> int:
+    return await arun(conn, release_call(claims)) if claims else 0
+
+
+async def areclaim_expired(conn: Any, limit: int = 1000) -> int:
+    return await arun(conn, reclaim_expired_call(limit))

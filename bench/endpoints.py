@@ -83,6 +83,12 @@ class Endpoint:
             self.stop()
             raise
 
+    def describe(self) -> str:
+        if self.kind != "nginx":
+            return self.kind
+        version = subprocess.run([NGINX, "-v"], capture_output=True, text=True, check=False)
+        return version.stderr.strip().replace("nginx version: ", "")
+
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 

@@ -16,7 +16,7 @@ How a request is answered, first match wins: the queue of scripted replies for i
 the queue of scripted replies for any path, the default reply for its path, the default
 reply (200 with an empty body unless changed by ``respond``). A reply can also close the
 connection without answering (``reset()`` sends a TCP RST, ``hangup()`` a FIN) and can
-wait before answering (``delay``, or ``slow()``).
+wait before answering (``delay``, or ``slow()``), or until the test lets it (``held()``).
 
 The fixtures ``recording_server`` and ``make_recording_server`` at the bottom give tests a
 started server that is stopped after the test.
@@ -40,6 +40,8 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from tests.waiting import DEADLINE
+
 Action = Literal["respond", "reset", "close"]
 
 
@@ -50,7 +52,8 @@ class Reply:
     ``body`` may be bytes (sent as is), str (sent as UTF-8 text/plain) or anything else
     JSON can encode (sent as application/json); a Content-Type in ``headers`` wins.
     ``action`` is "respond", "reset" (abort the connection with a TCP RST, no answer) or
-    "close" (close it with a FIN, no answer). ``delay`` seconds pass before any of these.
+    "close" (close it with a FIN, no answer). ``delay`` seconds pass before any of these,
+    and, with a ``gate``, they wait until the test sets it (``held()``).
     """
 
     status: int = 200
@@ -58,6 +61,7 @@ class Reply:
     headers: Mapping[str, str] | None = None
     delay: float = 0.0
     action: Action = "respond"
+    gate: threading.Event | None = None
 
     def to_response(self) -> web.Response:
         """The aiohttp response for this reply (``action`` "respond" only)."""
@@ -103,6 +107,11 @@ def retry_after(seconds: int | str, status: int = 429, body: Any = b"") -> Reply
 def slow(delay: float, status: int = 200, body: Any = b"") -> Reply:
     """An answer that only starts after ``delay`` seconds (for timeout tests)."""
     return Reply(status=status, body=body, delay=delay)
+
+
+def held(gate: threading.Event, status: int = 200, body: Any = b"") -> Reply:
+    """An answer sent only once ``gate`` is set: the request stays in flight until then."""
+    return Reply(status=status, body=body, gate=gate)
 
 
 @dataclass(frozen=True)
@@ -319,7 +328,7 @@ class RecordingServer:
         with self._lock:
             self._records.clear()
 
-    def wait_for(self, n: int, timeout: float = 5.0) -> list[Record]:
+    def wait_for(self, n: int, timeout: float = DEADLINE) -> list[Record]:
         """Block until at least ``n`` requests have arrived; return them all.
 
         Raises TimeoutError, saying how many arrived, after ``timeout`` seconds.
@@ -380,6 +389,8 @@ class RecordingServer:
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
             self._arrived.notify_all()
         try:
+            while answer.gate is not None and not answer.gate.is_set():
+                await asyncio.sleep(0.01)
             if answer.delay > 0:
                 await asyncio.sleep(answer.delay)
             if answer.action == "respond":

@@ -9,7 +9,6 @@ import pty
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,6 +20,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from pgmb.models import Delivery, Message
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -443,20 +443,20 @@ def test_process_interrupted_sends_nothing(transactional_db):
     )
     child.stdin.write(b"".join(b"%d\n" % n for n in range(100)))
     child.stdin.flush()
+
     # Interrupt once the child holds its file transaction open, waiting for more input.
-    deadline = time.monotonic() + 30
-    with connection.cursor() as cursor:
-        while True:
+    def holding_its_transaction() -> bool:
+        with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE application_name = %s AND state = 'idle in transaction'",
                 [app],
             )
-            if cursor.fetchone()[0] or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+            return bool(cursor.fetchone()[0])
+
+    wait_until(holding_its_transaction, message="pgmb_send to hold its transaction open")
     child.send_signal(signal.SIGINT)
-    out, err = child.communicate(timeout=30)
+    out, err = child.communicate(timeout=60)
     assert (child.returncode, out, err) == (
         130,
         b"",

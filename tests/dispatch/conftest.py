@@ -24,7 +24,7 @@ def dispatch(transactional_db) -> Callable[..., Stats]:
 
     def run(**options) -> Stats:
         options.setdefault("until_idle", True)
-        options.setdefault("max_seconds", 30)
+        options.setdefault("max_seconds", 120)  # only a guard against a hang
         options.setdefault("poll_interval", 0.05)
         return asyncio.run(Dispatcher(conninfo_from_django("default"), Options(**options)).run())
 

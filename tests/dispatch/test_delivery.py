@@ -4,7 +4,6 @@ recorded for each outcome."""
 import base64
 import hashlib
 import hmac
-import itertools
 import json
 import time
 
@@ -77,10 +76,12 @@ def test_signature_verifies_independently(
     worker = make_worker(endpoint=recording_server.url(), secret=secret)
     make_queue("#", worker=worker)
     mid = pgmb.send("a.b", {"x": 1})
+    before = time.time()
     dispatch()
     [request] = recording_server.requests
     assert request.headers["webhook-id"] == str(mid)
-    assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 60
+    # Signed during this dispatch: not before it started, not after the request arrived.
+    assert int(before) <= int(request.headers["webhook-timestamp"]) <= request.received_wall
     assert _standard_webhooks_verify(key, request)
     assert not _standard_webhooks_verify(b"wrong", request)
 
@@ -93,10 +94,16 @@ def test_retries_back_off_then_dead_letter(dispatch, recording_server, make_work
     dispatch()
     attempts = recording_server.requests
     assert [r.headers["pgmb-attempt"] for r in attempts] == ["1", "2", "3", "4"]
-    gaps = [b.received_at - a.received_at for a, b in itertools.pairwise(attempts)]
-    # equal jitter: attempt n waits within [d/2, d], d = min(0.4, 0.2 * 2^(n-1))
-    for gap, d in zip(gaps, [0.2, 0.4, 0.4], strict=True):
-        assert d / 2 - 0.02 <= gap <= d + 0.3, gaps
+    failed_at = [
+        a.created_at.timestamp()
+        for a in Attempt.objects.order_by("attempt").filter(outcome="retry")
+    ]
+    # Equal jitter: after failure n the retry waits within [d/2, d], d = min(0.4, 0.2 * 2^(n-1)).
+    # A retry never arrives before d/2 after the failure was recorded; how much later it comes
+    # depends on the machine's load (the window's upper end, on the stored available_at, is
+    # tests/sql/test_delivery.py::test_fail_retries_with_backoff_then_dead_letters).
+    for failed, retry, d in zip(failed_at, attempts[1:], [0.2, 0.4, 0.4], strict=True):
+        assert retry.received_wall >= failed + d / 2 - 0.01, (failed, retry.received_wall, d)
     dead = DeadLetter.objects.get()
     assert (dead.message_id, dead.queue_id, dead.attempts, dead.last_status) == (
         mid,
@@ -119,7 +126,11 @@ def test_retry_after_is_honoured(dispatch, recording_server, make_worker, make_q
     pgmb.send("k", 1)
     dispatch()
     first, second = recording_server.requests
-    assert second.received_at - first.received_at >= 0.95
+    assert first.headers["pgmb-attempt"] == "1"
+    # Not retried before the Retry-After second has passed since the 429 was recorded.
+    limited = Attempt.objects.get(attempt=1)
+    assert (limited.outcome, second.headers["pgmb-attempt"]) == ("retry", "2")
+    assert second.received_wall >= limited.created_at.timestamp() + 1.0 - 0.01
     assert list(Attempt.objects.order_by("attempt").values_list("status_code", flat=True)) == [
         429,
         200,
@@ -130,7 +141,7 @@ def test_timeouts_resets_refusals_and_redirects_are_failures(
     dispatch, make_recording_server, make_worker, make_queue
 ):
     slow_server = make_recording_server()
-    slow_server.respond(slow(3))
+    slow_server.respond(slow(600))  # the dispatch could only end early by its timeout
     flaky = make_recording_server()
     flaky.respond(hangup())
     moved = make_recording_server()
@@ -144,11 +155,13 @@ def test_timeouts_resets_refusals_and_redirects_are_failures(
     for key, worker in cases.items():
         make_queue(key, worker=worker, max_retries=0)
         pgmb.send(key, {"case": key})
-    started = time.monotonic()
     dispatch()
-    assert time.monotonic() - started < 3  # the slow one was cut at its timeout
     errors = dict(DeadLetter.objects.values_list("message__routing_key", "last_error"))
+    # The slow one was cut at its timeout (the answer would take 10 minutes), not earlier.
     assert errors["slow"] == "timeout after 0.3s"
+    assert len(slow_server.requests) == 1
+    slow_attempt = Attempt.objects.get(message__routing_key="slow")
+    assert slow_attempt.duration_ms >= 300 - 1
     assert "closed by the worker" in errors["reset"]
     assert errors["refused"].startswith("connection failed")
     assert "redirect to http://127.0.0.1:9/elsewhere (not followed)" in errors["moved"]

@@ -9,6 +9,8 @@ import psycopg
 import pytest
 from django.db import connection
 
+from tests.waiting import wait_until
+
 TRANSPORTS = ["http", "plpython3u"]
 
 
@@ -51,3 +53,21 @@ def dispatch_loop(pg) -> Callable[..., None]:
         pg.execute("CALL pgmb.dispatch_loop(%s, %s)", (seconds, batch))
 
     return call
+
+
+@pytest.fixture
+def dispatch_until(dispatch_loop) -> Callable[..., None]:
+    """CALL the dispatch loop, a short run at a time, until ``predicate()`` holds.
+
+    A run lasts its seconds whatever it gets done; on a busy machine one run may do little,
+    so tests wait for the outcome they expect rather than for a run of a given length.
+    """
+
+    def run(predicate: Callable[[], object], message: str, seconds: float = 1.0) -> None:
+        def one_more_run() -> object:
+            dispatch_loop(seconds)
+            return predicate()
+
+        wait_until(one_more_run, message=message, interval=0)
+
+    return run

@@ -1,6 +1,5 @@
 """pg_cron scheduling of the in-database dispatcher, and manage.py pgmb_cron."""
 
-import time
 from io import StringIO
 
 import pytest
@@ -9,6 +8,7 @@ from django.core.management.base import CommandError
 
 import pgmb
 from pgmb.models import Delivery
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -22,14 +22,15 @@ def cron(pg):
     pg.execute("DROP EXTENSION pg_cron")
 
 
-def _wait_until_no_loop(pg, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while pg.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CALL pgmb.dispatch_loop%%' "
-        "AND pid <> pg_backend_pid()"
-    ).fetchone()[0]:
-        assert time.monotonic() < deadline, "a dispatch loop outlived its pg_cron job"
-        time.sleep(0.1)
+def _wait_until_no_loop(pg) -> None:
+    def no_loop() -> bool:
+        [(loops,)] = pg.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE query LIKE 'CALL pgmb.dispatch_loop%%' AND pid <> pg_backend_pid()"
+        ).fetchall()
+        return loops == 0
+
+    wait_until(no_loop, message="the dispatch loop to end with its pg_cron job")
 
 
 def test_install_status_uninstall(cron):
@@ -60,10 +61,8 @@ def test_pg_cron_runs_the_dispatcher(cron, recording_server, make_worker, make_q
     make_queue("#", worker=make_worker(endpoint=recording_server.url("/cron")))
     ids = pgmb.send_batch(("k", n) for n in range(5))
     cron.execute("SELECT pgmb.cron_install()")
-    recording_server.wait_for(5, timeout=75)
-    deadline = time.monotonic() + 5
-    while Delivery.objects.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    recording_server.wait_for(5, timeout=150)  # the next minute, and then some
+    wait_until(lambda: not Delivery.objects.exists(), message="the 5 deliveries to be acked")
     assert {r.headers["pgmb-message-id"] for r in recording_server.requests} == set(map(str, ids))
     assert not Delivery.objects.exists()
     runs = cron.execute(

@@ -62,7 +62,7 @@ def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, se
 
 
 def test_dispatch_loop_delivers(
-    transport, dispatch_loop, recording_server, make_worker, make_queue
+    transport, dispatch_until, recording_server, make_worker, make_queue
 ):
     secret = "whsec_" + base64.b64encode(b"s" * 32).decode()
     worker = make_worker(endpoint=recording_server.url("/in-db"), secret=secret)
@@ -71,7 +71,7 @@ def test_dispatch_loop_delivers(
         pgmb.Outgoing("order.created", {"n": n, "t": "ü"}, headers={"tenant": "eu"})
         for n in range(20)
     )
-    dispatch_loop(1.0)
+    dispatch_until(lambda: not Delivery.objects.exists(), "all 20 messages to be delivered")
     received = recording_server.requests
     assert sorted(r.headers["pgmb-message-id"] for r in received) == sorted(map(str, ids))
     for request in received:
@@ -91,7 +91,7 @@ def test_dispatch_loop_delivers(
 
 
 def test_failures_retry_and_dead_letter(
-    transport, dispatch_loop, make_recording_server, make_worker, make_queue
+    transport, dispatch_until, make_recording_server, make_worker, make_queue
 ):
     failing = make_recording_server()
     failing.respond(500, "broken")
@@ -111,28 +111,41 @@ def test_failures_retry_and_dead_letter(
     for key, worker in cases.items():
         make_queue(key, worker=worker, max_retries=0 if key != "limit" else 3)
         pgmb.send(key, {"case": key})
-    started = time.monotonic()
-    dispatch_loop(1.0)
-    assert time.monotonic() - started < 3
+    dispatch_until(lambda: Attempt.objects.count() == 5, "an outcome for each of the 5 cases")
     dead = dict(DeadLetter.objects.values_list("message__routing_key", "last_error"))
+    assert set(dead) == {"fail", "slow", "reset", "refused"}
     assert dead["fail"] == "HTTP 500: broken"
+    # Cut at its 0.3 s timeout: waiting for the 3 s answer would have acked it.
     assert dead["slow"].startswith(("timeout", "HTTP request failed"))
     assert dead["refused"] and dead["reset"]
     waiting = Delivery.objects.get(message__routing_key="limit")
-    assert waiting.last_status == 429
-    assert 100 < (waiting.available_at - waiting.created_at).total_seconds() < 130
+    assert (waiting.state, waiting.attempts, waiting.last_status) == ("ready", 1, 429)
+    # Due again 120 s (the Retry-After) after the failure was recorded.
+    failed = Attempt.objects.get(message__routing_key="limit")
+    assert failed.outcome == "retry"
+    assert 119 <= (waiting.available_at - failed.created_at).total_seconds() <= 121
 
 
 def test_rate_limit_in_database(
-    transport, dispatch_loop, recording_server, make_worker, make_queue
+    transport, dispatch_until, recording_server, make_worker, make_queue
 ):
-    make_queue("#", worker=make_worker(endpoint=recording_server.url(), rps=20))
+    rps, burst = 20, 0.2  # dispatch_loop's default burst: the bucket holds rps * burst tokens
+    worker = make_worker(endpoint=recording_server.url(), rps=rps)
+    make_queue("#", worker=worker)
     pgmb.send_batch(("k", n) for n in range(200))
-    dispatch_loop(2.0)
-    count = len(recording_server.requests)
-    assert 30 <= count <= 50  # 20/s for 2 s, plus at most one bucket (rps * 0.2)
-    times = [r.received_at for r in recording_server.requests]
-    assert times[-1] - times[0] >= 1.4
+    # The worker's bucket starts full when first claimed from and refills at rps: by any
+    # moment t at most rps * burst + rps * (t - opened) requests can have been claimed,
+    # hence sent. A loaded machine only sends them later.
+    opened = time.monotonic()
+    dispatch_until(lambda: len(recording_server.requests) >= 40, "40 requests", seconds=2.0)
+    arrived = [r.received_at for r in recording_server.requests]
+    assert arrived == sorted(arrived)  # one request at a time
+    for count, at in enumerate(arrived, start=1):
+        allowed = rps * burst + rps * (at - opened) + 1  # one token for clock rounding
+        assert count <= allowed, f"request {count} arrived {at - opened:.2f} s after opening"
+    worker.refresh_from_db()
+    assert 0 <= worker.tokens <= rps * burst
+    assert len({r.headers["pgmb-message-id"] for r in recording_server.requests}) == len(arrived)
 
 
 def test_dispatch_loop_stops_on_time_and_hands_back(
@@ -141,11 +154,11 @@ def test_dispatch_loop_stops_on_time_and_hands_back(
     recording_server.respond(reply(200, delay=0.3))
     make_queue("#", worker=make_worker(endpoint=recording_server.url()))
     pgmb.send_batch(("k", n) for n in range(20))
-    started = time.monotonic()
-    dispatch_loop(1.0, batch=20)
-    assert time.monotonic() - started < 2.0
+    dispatch_loop(2.0, batch=20)  # one claim takes all 20
     posted = len(recording_server.requests)
-    assert 2 <= posted < 20
+    # Each post takes at least the 0.3 s the server waits, and none starts after the 2 s
+    # are up: at most 7 of them, however busy the machine.
+    assert 1 <= posted <= 7
     assert Delivery.objects.count() == 20 - posted
     assert not Delivery.objects.filter(state="leased").exists()
     assert set(Delivery.objects.values_list("attempts", flat=True)) == {0}

@@ -346,7 +346,8 @@ def test_timeout_ms_bounds_a_slow_response(http_ext, sql, raises_sql, recording_
     started = time.monotonic()
     with raises_sql("XX000", "timed out"):
         sql("SELECT http_post(%s, '{}', 'application/json')", (recording_server.url(),))
-    assert 0.15 < time.monotonic() - started < 1.5
+    # Timed out before the 3 s answer (so not by the 5 s default), and not before 200 ms.
+    assert time.monotonic() - started > 0.15
 
 
 def test_timeout_in_seconds(http_ext, sql, raises_sql, recording_server):
@@ -355,7 +356,9 @@ def test_timeout_in_seconds(http_ext, sql, raises_sql, recording_server):
     started = time.monotonic()
     with raises_sql("XX000", "timed out"):
         sql("SELECT http_get(%s)", (recording_server.url(),))
-    assert 0.9 < time.monotonic() - started < 2.5
+    # Timed out before the 3 s answer (so not by the 5 s default), and not before 1 s (seconds,
+    # not milliseconds).
+    assert time.monotonic() - started > 0.9
 
 
 def test_timeout_setting_wins(http_ext, sql, raises_sql, recording_server):
@@ -365,7 +368,8 @@ def test_timeout_setting_wins(http_ext, sql, raises_sql, recording_server):
     started = time.monotonic()
     with raises_sql("XX000", "timed out"):
         sql("SELECT http_get(%s)", (recording_server.url(),))
-    assert time.monotonic() - started < 1.5
+    # Timed out before the 3 s answer: the 10 s curl option did not apply; 300 ms did.
+    assert time.monotonic() - started > 0.25
 
 
 def test_default_timeout_is_five_seconds(http_ext, sql, raises_sql, recording_server):
@@ -374,17 +378,17 @@ def test_default_timeout_is_five_seconds(http_ext, sql, raises_sql, recording_se
     started = time.monotonic()
     with raises_sql("XX000", "timed out"):
         sql("SELECT http_get(%s)", (recording_server.url(),))
-    assert 4.5 < time.monotonic() - started < 7
+    # Timed out before the 8 s answer, and not before 5 s.
+    assert time.monotonic() - started > 4.5
 
 
 def test_cancel_interrupts_a_request(http_ext, sql, raises_sql, recording_server):
-    recording_server.script([slow(5.0)])
-    sql("SELECT http_set_curlopt('CURLOPT_TIMEOUT', '30')")
+    recording_server.script([slow(600)])
+    sql("SELECT http_set_curlopt('CURLOPT_TIMEOUT', '60')")
     pid = sql("SELECT pg_backend_pid()")[0][0]
 
     def cancel() -> None:
-        recording_server.wait_for(1)
-        time.sleep(0.3)
+        recording_server.wait_for(1)  # the backend is inside the request
         db = connection.settings_dict
         params = {"host": db["HOST"], "port": db["PORT"], "user": db["USER"], "dbname": db["NAME"]}
         with psycopg.connect(**params, password=db["PASSWORD"], autocommit=True) as other:
@@ -392,11 +396,11 @@ def test_cancel_interrupts_a_request(http_ext, sql, raises_sql, recording_server
 
     thread = threading.Thread(target=cancel)
     thread.start()
-    started = time.monotonic()
+    # Neither answered (10 minutes away) nor timed out (60 s): interrupted by the cancel.
     with raises_sql("XX000", "cancelled"):
         sql("SELECT http_get(%s)", (recording_server.url(),))
-    thread.join()
-    assert time.monotonic() - started < 3
+    thread.join(timeout=60)
+    assert len(recording_server.requests) == 1
 
 
 # --- options and connections --------------------------------------------------------------

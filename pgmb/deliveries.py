@@ -138,6 +138,11 @@ def ack_call(successes: Sequence[Success]) -> Call[int]:
     )
 
 
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: a worker's answer may hold NUL characters."""
+    return text.replace("\x00", "\\x00") if "\x00" in text else text
+
+
 def fail_call(failures: Sequence[Failure]) -> Call[int]:
     return Call(
         _statement("fail"),
@@ -145,7 +150,7 @@ def fail_call(failures: Sequence[Failure]) -> Call[int]:
             "ids": [f.delivery_id for f in failures],
             "lease_ids": [f.lease_id for f in failures],
             "statuses": [f.status for f in failures],
-            "errors": [f.error for f in failures],
+            "errors": [_storable(f.error) for f in failures],
             "retry_after": [f.retry_after for f in failures],
             "durations_ms": [f.duration_ms for f in failures],
         },

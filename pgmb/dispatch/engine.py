@@ -18,8 +18,11 @@ import logging
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+import psycopg
 
 from .. import deliveries
 from ..deliveries import Claimed, Failure, Success
@@ -29,6 +32,7 @@ from .pacing import UNPACED_RPS, Pacer
 from .request import build_headers
 
 log = logging.getLogger("pgmb.dispatch")
+T = TypeVar("T")
 
 #: Seconds a stopping dispatcher keeps trying to record outcomes if the database is away.
 SHUTDOWN_GRACE = 10.0
@@ -335,14 +339,31 @@ class Dispatcher:
         # Taken off the lists only once written: a flush that fails leaves them for the next.
         if self._acks:
             acks = self._acks[:]
-            await self._outcomes_db.run(deliveries.ack_call(acks))
+            await self._write(deliveries.ack_call, acks)
             del self._acks[: len(acks)]
         if self._fails:
             fails = self._fails[:]
-            await self._outcomes_db.run(deliveries.fail_call(fails))
+            await self._write(deliveries.fail_call, fails)
             del self._fails[: len(fails)]
             return True
         return False
+
+    async def _write(self, call: Callable[[list[T]], deliveries.Call[int]], items: list[T]) -> None:
+        """Write outcomes; one the database refuses is left to its lease, not the batch."""
+        try:
+            await self._outcomes_db.run(call(items))
+        except psycopg.Error as exc:  # refused, not unreachable (Database.run retries that)
+            if len(items) > 1:
+                for item in items:
+                    await self._write(call, [item])
+                return
+            log.error(
+                "could not record an outcome (%s: %s); the delivery's lease will expire and "
+                "it will be tried again: %r",
+                type(exc).__name__,
+                str(exc).strip(),
+                items[0],
+            )
 
     async def _flush_forever(self) -> None:
         """Write outcomes as they come; after shutdown is signalled, write the rest and end."""

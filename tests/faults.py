@@ -1,0 +1,77 @@
+"""Faults at the boundaries, injected the same way into both dispatch paths
+(tests/dispatch/test_faults.py, tests/indb/test_faults.py): a fault is an outcome, not a
+crash. Whatever one worker, one message or one response does wrong is recorded against that
+delivery, and every other delivery arrives."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import pgmb
+from pgmb.models import Attempt, DeadLetter, Delivery
+
+NORMAL = 12
+
+
+def _store_with_triggers_off(statement: str, params: tuple) -> None:
+    """Write what validation refuses today, as a database from before it could hold."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            cursor.execute(statement, params)
+        finally:
+            cursor.execute("SET session_replication_role = DEFAULT")
+
+
+@pytest.fixture
+def faulty_world(recording_server, make_worker, make_queue):
+    """A healthy queue beside queues whose workers or responses are broken in every way
+    found so far, and a poison message among normal ones. Returns the normal ids."""
+    server = recording_server
+    server.respond(500, body=b"broken \x00 body", path="/nul")
+    server.respond(503, body="later", headers={"Retry-After": "\u00b2"}, path="/odd-retry-after")
+    server.respond(429, headers={"Retry-After": "tomorrow"}, path="/date-retry-after")
+    good = make_queue("#", name="good", worker=make_worker(endpoint=server.url("/good")))
+    bad = {
+        "bad_secret": make_worker(endpoint=server.url("/secret")),
+        "bad_port": make_worker(endpoint="http://127.0.0.1:99999/x"),
+        "nul_body": make_worker(endpoint=server.url("/nul")),
+        "odd_retry": make_worker(endpoint=server.url("/odd-retry-after")),
+        "date_retry": make_worker(endpoint=server.url("/date-retry-after")),
+    }
+    for name, worker in bad.items():
+        make_queue("#", name=name, worker=worker, max_retries=0)
+    _store_with_triggers_off(
+        "UPDATE pgmb_worker SET secret = 'whsec_a' WHERE id = %s", (bad["bad_secret"].pk,)
+    )
+    good.max_retries = 0
+    good.save()
+    ids = [pgmb.send("k", {"n": n}) for n in range(NORMAL // 2)]
+    # A header value no server takes: the message fails everywhere, and only there.
+    pgmb.send("k", {"poison": True}, headers={"huge": "x" * 100_000})
+    ids += [pgmb.send("k", {"n": n}) for n in range(NORMAL // 2, NORMAL)]
+    return {"server": server, "good": good, "bad": bad, "ids": ids, "queues": 1 + len(bad)}
+
+
+def check_faulty_world(world) -> None:
+    """Normal messages arrived; each faulty delivery is a dead letter with its reason."""
+    arrived = [r for r in world["server"].requests if r.path == "/good"]
+    ids = {r.headers["pgmb-message-id"] for r in arrived}
+    assert ids >= {str(i) for i in world["ids"]}, "a normal message did not arrive"
+    assert not Delivery.objects.exists(), "a delivery was left leased or pending"
+    # Every bad queue's deliveries are dead letters with the reason recorded.
+    for name in world["bad"]:
+        dead = DeadLetter.objects.filter(queue__name=name)
+        assert dead.count() == NORMAL + 1, name
+        assert all(d.last_error for d in dead), name
+    errors = dict(
+        DeadLetter.objects.filter(queue__name__in=["bad_secret", "bad_port"]).values_list(
+            "queue__name", "last_error"
+        )
+    )
+    assert "secret" in errors["bad_secret"].lower() or "base64" in errors["bad_secret"]
+    assert DeadLetter.objects.filter(queue__name="bad_port", last_status=None).count() == NORMAL + 1
+    assert DeadLetter.objects.filter(queue__name="nul_body", last_status=500).count() >= NORMAL
+    # One attempt recorded per delivery: none vanished, none was posted twice.
+    assert Attempt.objects.count() == world["queues"] * (NORMAL + 1)

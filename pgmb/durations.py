@@ -35,7 +35,9 @@ def check_seconds(seconds: float, text: object = None) -> float:
     """Return ``seconds`` as a float if it is a usable delay, else raise :class:`InvalidDelay`.
 
     ``text`` is what the user wrote, quoted in the message (defaults to ``seconds``).
-    A delay must be finite, not negative, and end before the year 10000 (the last moment
+
+    The delay rule, the same as ``pgmb.check_delay()`` in SQL: a delay in seconds must be
+    finite, not negative, and end before the year 10000 counted from now (the last moment
     Python's ``datetime`` can hold, far inside what PostgreSQL accepts).
     """
     shown = seconds if text is None else text

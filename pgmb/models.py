@@ -19,6 +19,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from . import routing, sql
+from .dispatch import request
 from .errors import PgmbError
 
 
@@ -46,9 +47,15 @@ def validate_routing_key(value: str) -> None:
     _validate(routing.validate_routing_key, value)
 
 
-#: The rule pgmb.prepare_worker() applies in SQL: http(s), a host (single-label hosts such
-#: as "http://web:8000/" included, unlike Django's URLValidator), no blanks.
-ENDPOINT_RE = re.compile(r"https?://[^/?#\s]+(?:[/?#]\S*)?", re.IGNORECASE)
+_BLANKS = routing.KEY_FORBIDDEN[1:-1]  # the key rule's blanks and control characters
+#: The endpoint rule, the very regex text pgmb.prepare_worker() applies in SQL: "http://" or
+#: "https://" (the scheme in any case), a host part of at least one character that is none
+#: of "/?#" and no blank or control character (routing.KEY_FORBIDDEN), then optionally a
+#: path, query or fragment without blanks or control characters. Single-label hosts such as
+#: "http://web:8000/" are fine, unlike with Django's URLValidator. The scheme is spelled
+#: out letter by letter because Python's IGNORECASE would also take U+017F (long s) for "s".
+ENDPOINT_PATTERN = rf"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#{_BLANKS}]+(?:[/?#][^{_BLANKS}]*)?$"
+ENDPOINT_RE = re.compile(ENDPOINT_PATTERN)
 
 
 def validate_endpoint(value: str) -> None:
@@ -56,6 +63,15 @@ def validate_endpoint(value: str) -> None:
         raise ValidationError(
             _("Enter an http:// or https:// URL without blanks, like http://orders:8000/hook."),
             code="invalid",
+        )
+
+
+def validate_secret(value: str) -> None:
+    """The secret rule of :func:`pgmb.dispatch.request.secret_problem` (``pgmb.secret_key``)."""
+    problem = request.secret_problem(value) if isinstance(value, str) else "it must be a text"
+    if problem is not None:
+        raise ValidationError(
+            _("Invalid secret: %(problem)s."), code="invalid", params={"problem": problem}
         )
 
 
@@ -104,7 +120,10 @@ class Worker(models.Model):
         ),
     )
     secret = models.CharField(
-        max_length=200, blank=True, help_text=_("Signs requests the Standard Webhooks way.")
+        max_length=200,
+        blank=True,
+        validators=[validate_secret],
+        help_text=_("Signs requests the Standard Webhooks way."),
     )
     active = models.BooleanField(default=True)
     # The token bucket behind `rps`, shared by every dispatcher (consumed in pgmb.claim).

@@ -8,7 +8,6 @@ Routing happens in the database, by the statement-level trigger on ``pgmb_messag
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any, Union
 from django.db import IntegrityError, connections
 
 from . import conf, sql
+from .durations import check_seconds
 from .errors import DuplicateMessage, InvalidBody, InvalidDelay
 from .routing import validate_routing_key
 
@@ -61,11 +61,11 @@ def _delay(delay: Delay) -> tuple[float | None, datetime | None]:
         return None, delay
     if isinstance(delay, timedelta):
         delay = delay.total_seconds()
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
         raise InvalidDelay(f"delay must be seconds, a timedelta or an aware datetime: {delay!r}")
-    if delay < 0:
-        raise InvalidDelay(f"delay must not be negative: {delay!r}")
-    return float(delay), None
+    # The delay rule (finite, not negative, ending before the year 10000), as in
+    # pgmb.check_delay() in SQL.
+    return check_seconds(delay), None
 
 
 def _message_id(message_id: uuid.UUID | str | None) -> uuid.UUID:

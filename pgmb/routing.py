@@ -2,7 +2,17 @@
 
 These rules are enforced twice on purpose: here, so forms and the Python API fail early
 with a readable message, and in SQL (functions of schema ``pgmb``), so every other producer is held
-to them too. ``tests/sql/test_routing.py`` checks that both compile identically.
+to them too. ``tests/sql/test_routing.py`` checks that both compile identically, and
+``tests/rules/test_shared_rules.py`` that both sides give every input the same verdict.
+
+The key rule (routing and binding keys; ``pgmb.valid_key``, ``pgmb.check_key`` and the CHECK
+``pgmb_message_routing_key_valid`` in SQL): a key is a non-empty text of at most 255
+characters with no blank or control character. "Blank or control character" is the explicit
+class :data:`KEY_FORBIDDEN`, written out identically in the SQL: the ASCII controls and
+space (U+0000-U+0020), DEL and the C1 controls (U+007F-U+009F, which hold U+0085), the
+other Unicode whitespace that ``str.isspace()`` knows (U+00A0, U+1680, U+2000-U+200A,
+U+2028, U+2029, U+202F, U+205F, U+3000), and U+FEFF (the byte-order mark). A routing key
+has no ``*`` or ``#`` either; in a binding key they are whole words.
 
 Topic rules (AMQP, as RabbitMQ users know them): keys are words separated by dots; in a
 binding key ``*`` matches exactly one word and ``#`` matches zero or more words. Words may
@@ -20,7 +30,13 @@ NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 #: Longest base name: "<base>_dead_letter_queue" must fit PostgreSQL's 63-byte identifiers.
 MAX_BASE_LENGTH = 63 - len("_dead_letter_queue")
 MAX_KEY_LENGTH = 255
-_FORBIDDEN = re.compile(r"[\s\x00-\x1f\x7f]")
+#: The blanks and control characters a key may not hold, as a regex character class whose
+#: text is the same in Python ``re`` and in PostgreSQL's regexes (``\uHHHH`` escapes mean the
+#: same code point in both). ``pgmb.valid_key`` in SQL contains this very text.
+KEY_FORBIDDEN = (
+    r"[\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+)
+_FORBIDDEN = re.compile(KEY_FORBIDDEN)
 #: Characters with a meaning in both Python and PostgreSQL (ARE) regexes.
 _REGEX_META = frozenset("\\^$.|?*+()[]{}")
 

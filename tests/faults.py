@@ -70,7 +70,7 @@ def check_faulty_world(world) -> None:
             "queue__name", "last_error"
         )
     )
-    assert "secret" in errors["bad_secret"].lower() or "base64" in errors["bad_secret"]
+    assert "secret" in errors["bad_secret"].lower()
     assert DeadLetter.objects.filter(queue__name="bad_port", last_status=None).count() == NORMAL + 1
     assert DeadLetter.objects.filter(queue__name="nul_body", last_status=500).count() >= NORMAL
     # One attempt recorded per delivery: none vanished, none was posted twice.

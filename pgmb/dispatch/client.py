@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import email.utils
+import math
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,19 +26,45 @@ class Outcome:
     retry_after: float | None = None
 
 
+#: The Retry-After rule, the very regex text of ``pgmb.retry_after_seconds()`` in SQL: blanks
+#: (space, tab) around either delta-seconds (ASCII digits only) or an HTTP-date in
+#: IMF-fixdate form (``Sun, 06 Nov 1994 08:49:37 GMT``; hours 00-23, minutes and seconds
+#: 00-59, the weekday not checked against the date). The obsolete RFC 850 and asctime
+#: forms are not accepted.
+RETRY_AFTER_PATTERN = (
+    r"^[ \t]*(?:([0-9]+)|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), ([0-9]{2}) "
+    r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([0-9]{4}) "
+    r"([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9]) GMT)[ \t]*$"
+)
+_RETRY_AFTER = re.compile(RETRY_AFTER_PATTERN)
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
 def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
-    if not value:
+    """Seconds to wait from a Retry-After header, never negative (a past date gives 0).
+
+    None for anything the rule above does not accept, for a date that does not exist
+    (31 Feb, year 0) and for delta-seconds too large for a float; never an exception.
+    """
+    match = _RETRY_AFTER.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
         return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
+    delta, day, month, year, hour, minute, second = match.groups()
+    if delta is not None:
+        seconds = float(delta)
+        return seconds if math.isfinite(seconds) else None
     try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        when = datetime(
+            int(year),
+            _MONTHS.index(month) + 1,
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+            tzinfo=timezone.utc,
+        )
+    except ValueError:
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 

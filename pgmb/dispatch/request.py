@@ -2,9 +2,19 @@
 
 Signing follows Standard Webhooks (https://www.standardwebhooks.com/), so receivers can
 verify with existing libraries: ``webhook-id``, ``webhook-timestamp`` and
-``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``. A secret written
-``whsec_<base64>`` is used base64-decoded, as those libraries expect; any other secret
-is used as its UTF-8 bytes.
+``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``.
+
+The secret rule (here and in ``pgmb.secret_problem``/``pgmb.secret_key`` in SQL, which the
+worker trigger and ``pgmb.request_headers`` use). A worker's secret is one of:
+
+* empty: requests are not signed;
+* ``whsec_`` then standard-alphabet base64 (``A-Za-z0-9+/``) with zero to two ``=`` of
+  padding, whose data part (without the ``=``) has a length that is not 1 more than a
+  multiple of 4 and decodes to at least one byte. Its key is those bytes, decoded as the
+  Standard Webhooks libraries do (``b64decode(data + "==")``): padding is added as needed,
+  so padded and unpadded secrets give the same key;
+* any other non-empty text without control characters (U+0000-U+001F, U+007F-U+009F):
+  a raw secret, whose key is its UTF-8 bytes (receivers give the libraries these bytes).
 """
 
 from __future__ import annotations
@@ -39,9 +49,46 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 _PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
 
 
-def secret_key(secret: str) -> bytes:
+#: A ``whsec_`` secret; the group is the base64 data. The same regex text as in SQL.
+WHSEC_PATTERN = r"^whsec_([A-Za-z0-9+/]*)={0,2}$"
+#: Control characters, which a raw secret may not hold. The same regex text as in SQL.
+SECRET_CONTROL = r"[\u0000-\u001f\u007f-\u009f]"  # noqa: S105 (a regex)
+_WHSEC = re.compile(WHSEC_PATTERN)
+_SECRET_CONTROL = re.compile(SECRET_CONTROL)
+
+
+def secret_problem(secret: str) -> str | None:
+    """What breaks the secret rule (see the module's docstring), or None if ``secret`` is fine.
+
+    The sentences are those of ``pgmb.secret_problem()`` in SQL; they never quote the secret.
+    """
+    if secret == "":
+        return None
     if secret.startswith("whsec_"):
-        return base64.b64decode(secret[len("whsec_") :])
+        match = _WHSEC.fullmatch(secret)
+        if match is None:
+            return (
+                "after 'whsec_' comes standard base64 (A-Z, a-z, 0-9, + and /) "
+                "with at most two '=' at the end"
+            )
+        if len(match[1]) % 4 == 1:
+            return "the base64 after 'whsec_' is cut short (4n+1 characters encode no bytes)"
+        if not match[1]:
+            return "'whsec_' must be followed by the base64 of at least one byte"
+        return None
+    if _SECRET_CONTROL.search(secret):
+        return "a secret may not contain control characters"
+    return None
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a worker secret; ``ValueError`` if the secret breaks the rule."""
+    problem = secret_problem(secret)
+    if problem is not None:
+        raise ValueError(f"invalid worker secret: {problem}")
+    if secret.startswith("whsec_"):
+        data = secret[len("whsec_") :].rstrip("=")
+        return base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
     return secret.encode()
 
 

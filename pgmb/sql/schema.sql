@@ -96,8 +96,7 @@ CREATE TABLE public.pgmb_message (
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     available_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT pgmb_message_headers_object CHECK ((jsonb_typeof(headers) = 'object'::text)),
-    CONSTRAINT pgmb_message_routing_key_valid CHECK ((((routing_key)::text <> ''::text) AND ((routing_key)::text !~ '[*#[:space:][:cntrl:]]'::text)))
+    CONSTRAINT pgmb_message_headers_object CHECK ((jsonb_typeof(headers) = 'object'::text))
 );
 
 --
@@ -277,6 +276,29 @@ CREATE FUNCTION pgmb.busy(queue_names text[]) RETURNS boolean
 $$;
 
 --
+-- Name: check_delay(double precision); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.check_delay(seconds double precision) RETURNS double precision
+    LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+    AS $$
+BEGIN
+    IF seconds = 'NaN'::float8 OR seconds IN ('Infinity'::float8, '-Infinity'::float8) THEN
+        RAISE EXCEPTION 'invalid delay %: it must be a finite number of seconds', seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF seconds < 0 THEN
+        RAISE EXCEPTION 'invalid delay %: seconds must not be negative', seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF seconds >= extract(epoch FROM timestamptz '10000-01-01 00:00:00+00' - now())::float8 THEN
+        RAISE EXCEPTION 'invalid delay %: too long (past the year 9999)', seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN seconds;
+END $$;
+
+--
 -- Name: check_key(text, text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -292,7 +314,7 @@ BEGIN
         RAISE EXCEPTION 'invalid %: longer than 255 characters', kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF key ~ '[[:space:][:cntrl:]]' THEN
+    IF NOT pgmb.valid_key(key) THEN
         RAISE EXCEPTION 'invalid % %: blanks and control characters are not allowed', kind, quote_literal(key)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -909,12 +931,16 @@ END $$;
 CREATE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql
     AS $_$
+DECLARE
+    problem text;
 BEGIN
     PERFORM pgmb.check_name('worker', w.name);
-    IF w.endpoint IS NULL OR w.endpoint !~* '^https?://[^/?#[:space:]]+([/?#][^[:space:]]*)?$' THEN
+    IF (w.endpoint IS NULL
+        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
         RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(w.endpoint), w.name
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'The endpoint must be an http:// or https:// URL.';
+                  HINT = 'The endpoint must be an http:// or https:// URL without blanks.';
     END IF;
     IF w.rps IS NULL OR w.rps <= 0 THEN
         RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
@@ -923,6 +949,13 @@ BEGIN
     IF w.timeout IS NULL OR w.timeout <= 0 THEN
         RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    problem := pgmb.secret_problem(w.secret);
+    IF problem IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
+        RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use whsec_ and base64 (padded or not), or a text without control characters.';
     END IF;
     RETURN w;
 END $_$;
@@ -1046,8 +1079,7 @@ CREATE FUNCTION pgmb.request_headers(c pgmb.claimed, unix_time bigint) RETURNS j
                'webhook-id', c.message_id::text,
                'webhook-timestamp', unix_time::text,
                'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
-                   CASE WHEN c.secret LIKE 'whsec\_%' THEN decode(substr(c.secret, 7), 'base64')
-                        ELSE convert_to(c.secret, 'UTF8') END,
+                   pgmb.secret_key(c.secret),
                    convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
            END
 $_$;
@@ -1095,12 +1127,19 @@ $$;
 CREATE FUNCTION pgmb.retry_after_seconds(value text) RETURNS double precision
     LANGUAGE plpgsql STABLE
     AS $_$
+DECLARE
+    m text[] := regexp_match(value, '^[ \t]*(?:([0-9]+)|(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), ([0-9]{2}) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([0-9]{4}) ([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9]) GMT)[ \t]*$');
 BEGIN
-    IF value ~ '^\s*\d+\s*$' THEN
-        RETURN trim(value)::float8;
+    IF m IS NULL THEN
+        RETURN NULL;
+    ELSIF m[1] IS NOT NULL THEN
+        RETURN m[1]::float8;  -- too large for a float8: NULL, below
     END IF;
-    RETURN greatest(0, extract(epoch FROM value::timestamptz - now()));
-EXCEPTION WHEN others THEN
+    RETURN greatest(0, extract(epoch FROM make_timestamptz(
+        m[4]::integer,
+        array_position('{Jan,Feb,Mar,Apr,May,Jun,Jul,Aug,Sep,Oct,Nov,Dec}'::text[], m[3]),
+        m[2]::integer, m[5]::integer, m[6]::integer, m[7]::float8, 'UTC') - now()))::float8;
+EXCEPTION WHEN data_exception THEN  -- a day that does not exist (31 Feb, year 0), an overflow
     RETURN NULL;
 END $_$;
 
@@ -1114,6 +1153,59 @@ CREATE FUNCTION pgmb.retry_delay(attempt integer, base double precision, cap dou
     SELECT greatest(least(coalesce(retry_after, 0), 86400), d / 2 + random() * d / 2)
     FROM (SELECT least(cap, base * power(2, least(greatest(attempt, 1) - 1, 60))) AS d) AS backoff
 $$;
+
+--
+-- Name: secret_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.secret_key(secret text) RETURNS bytea
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+DECLARE
+    problem text := pgmb.secret_problem(secret);
+    data text;
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid worker secret: %', problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Give the worker a new secret: whsec_ and base64, or a text without control characters.';
+    END IF;
+    IF starts_with(secret, 'whsec_') THEN
+        data := rtrim(substr(secret, 7), '=');
+        RETURN decode(data || repeat('=', (4 - length(data) % 4) % 4), 'base64');
+    END IF;
+    RETURN convert_to(secret, 'UTF8');
+END $$;
+
+--
+-- Name: secret_problem(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.secret_problem(secret text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+DECLARE
+    data text;
+BEGIN
+    IF secret = '' THEN
+        RETURN NULL;
+    END IF;
+    IF starts_with(secret, 'whsec_') THEN
+        data := substring(secret FROM '^whsec_([A-Za-z0-9+/]*)={0,2}$');
+        IF data IS NULL THEN
+            RETURN 'after ''whsec_'' comes standard base64 (A-Z, a-z, 0-9, + and /) with at most two ''='' at the end';
+        ELSIF length(data) % 4 = 1 THEN
+            RETURN 'the base64 after ''whsec_'' is cut short (4n+1 characters encode no bytes)';
+        ELSIF data = '' THEN
+            RETURN '''whsec_'' must be followed by the base64 of at least one byte';
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF secret ~ '[\u0000-\u001f\u007f-\u009f]' THEN
+        RETURN 'a secret may not contain control characters';
+    END IF;
+    RETURN NULL;
+END $_$;
 
 --
 -- Name: send(uuid, text, jsonb); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -1139,11 +1231,8 @@ CREATE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, 
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF delay < 0 THEN
-        RAISE EXCEPTION 'invalid delay %: seconds must not be negative', delay
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN pgmb.send(id, routing_key, body, headers, now() + make_interval(secs => coalesce(delay, 0)));
+    RETURN pgmb.send(id, routing_key, body, headers,
+                     now() + make_interval(secs => coalesce(pgmb.check_delay(delay), 0)));
 END $$;
 
 --
@@ -1244,6 +1333,23 @@ CREATE FUNCTION pgmb.unrouted(message_ids uuid[]) RETURNS SETOF uuid
       AND NOT EXISTS (SELECT 1 FROM pgmb_attempt a WHERE a.message_id = u.id)
     ORDER BY u.n
 $$;
+
+--
+-- Name: valid_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.valid_key(key text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT key <> '' AND length(key) <= 255
+             AND key !~ '[\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]' $$;
+
+--
+-- Name: valid_routing_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.valid_routing_key(routing_key text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT pgmb.valid_key(routing_key) AND routing_key !~ '[*#]' $$;
 
 --
 -- Name: view_base(text); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -1563,6 +1669,13 @@ ALTER TABLE ONLY public.pgmb_delivery
 
 ALTER TABLE ONLY public.pgmb_message
     ADD CONSTRAINT pgmb_message_pkey PRIMARY KEY (id);
+
+--
+-- Name: pgmb_message pgmb_message_routing_key_valid; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.pgmb_message
+    ADD CONSTRAINT pgmb_message_routing_key_valid CHECK (pgmb.valid_routing_key((routing_key)::text)) NOT VALID;
 
 --
 -- Name: pgmb_queue pgmb_queue_name_key; Type: CONSTRAINT; Schema: public; Owner: -

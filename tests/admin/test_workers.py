@@ -81,6 +81,10 @@ def test_add_form_creates_the_worker(admin_client, db):
         ({"endpoint": "javascript:alert(1)"}, "endpoint", "http:// or https:// URL"),
         ({"endpoint": "http:///path"}, "endpoint", "http:// or https:// URL"),
         ({"endpoint": "http://exa mple.com/"}, "endpoint", "without blanks"),
+        ({"endpoint": "http://example.com/a\u00a0b"}, "endpoint", "without blanks"),
+        ({"secret": "whsec_topsecret"}, "secret", "Invalid secret: the base64 after 'whsec_'"),
+        ({"secret": "whsec_ab-_cd"}, "secret", "Invalid secret: after 'whsec_' comes"),
+        ({"secret": "tab\tsecret"}, "secret", "Invalid secret: a secret may not contain"),
         ({"rps": "0"}, "rps", "greater than or equal to 1"),
         ({"rps": "-5"}, "rps", "greater than or equal to"),
         ({"timeout": "0"}, "timeout", "greater than or equal to 0.001"),
@@ -105,11 +109,11 @@ def test_duplicate_name_is_a_form_error(admin_client, make_worker):
 
 
 def test_secret_is_never_rendered_back(admin_client, make_worker):
-    worker = make_worker("signed", "https://a.example.com/", secret="whsec_topsecret")
+    worker = make_worker("signed", "https://a.example.com/", secret="whsec_dG9wc2VjcmV0")
 
     page = admin_client.get(url("worker_change", worker.pk)).content.decode()
 
-    assert "whsec_topsecret" not in page
+    assert "whsec_dG9wc2VjcmV0" not in page
     assert 'type="password" name="secret"' in page
     assert "A secret is set. Leave blank to keep it" in page
     assert 'name="clear_secret"' in page

@@ -14,7 +14,7 @@ help:
 	@echo "make demo   bring up a local PostgreSQL, migrate the example project, publish and serve the admin"
 	@echo "make test   install what the tests need, start a throwaway PostgreSQL, run the suite, stop it"
 	@echo "make bench  run the benchmarks in bench/ against a throwaway PostgreSQL"
-	@echo "make lint   ruff"
+	@echo "make lint   ruff and mypy"
 	@echo "make schema regenerate pgmb/sql/schema.sql from a migrated database"
 
 deps:
@@ -43,6 +43,7 @@ schema: deps venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pgtrigger
 from django.core.exceptions import ValidationError
@@ -23,7 +25,7 @@ from .dispatch import request
 from .errors import PgmbError
 
 
-def _validate(check, *args) -> None:
+def _validate(check: Callable[..., object], *args: Any) -> None:
     """Run a pgmb check and report its failure the way Django forms expect."""
     try:
         check(*args)
@@ -75,7 +77,7 @@ def validate_secret(value: str) -> None:
         )
 
 
-def _trigger(name: str, **kwargs) -> pgtrigger.Trigger:
+def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.db.models import Model, OuterRef, QuerySet, Subquery
@@ -15,6 +15,12 @@ from django.utils.safestring import SafeString
 from django.utils.timezone import now
 
 from ..models import Message, Queue
+
+if TYPE_CHECKING:
+    # What MessageIdSearchMixin is mixed into: its super() is a ModelAdmin's.
+    _SearchBase = admin.ModelAdmin[Any]
+else:
+    _SearchBase = object
 
 
 class ReadOnlyMixin:
@@ -37,7 +43,7 @@ class ReadOnlyInline(ReadOnlyMixin, admin.TabularInline):
     show_change_link = False
 
 
-class MessageIdSearchMixin:
+class MessageIdSearchMixin(_SearchBase):
     """A search term that is a UUID finds the message with that id (exact, indexed)."""
 
     #: The field holding the message id on this admin's model.
@@ -50,7 +56,7 @@ class MessageIdSearchMixin:
         try:
             message_id = uuid.UUID(term)
         except ValueError:
-            return super().get_search_results(request, queryset, search_term)  # type: ignore[misc]
+            return super().get_search_results(request, queryset, search_term)
         return queryset.filter(**{self.message_id_field: message_id}), False
 
 

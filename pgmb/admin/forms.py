@@ -52,7 +52,8 @@ class WorkerForm(forms.ModelForm):
         return secret
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()  # ModelForm's returns self.cleaned_data; its stub says dict | None
+        data = self.cleaned_data
         if data.get("clear_secret"):
             if self.data.get(self.add_prefix("secret")):
                 self.add_error("secret", _("Either type a new secret or remove it, not both."))

@@ -5,6 +5,9 @@ All of it is read-only here: rows move only through pgmb's SQL state machine.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypedDict
+
 from django.contrib import admin
 from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
 from django.http import HttpRequest
@@ -22,6 +25,31 @@ from .common import (
     queue_name_of,
     routing_key_of,
 )
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import BaseModelAdmin
+    from django_stubs_ext import StrOrPromise, WithAnnotations
+
+    class _QueueName(TypedDict):
+        queue_name: str | None
+
+    class _Routed(TypedDict):
+        is_routed: bool
+
+    class _RoutingKey(TypedDict):
+        routing_key: str | None
+
+    # A row of _ByMessageAdmin's list, with the routing key it annotates.
+    _ByMessageRow = (
+        WithAnnotations[Delivery, _RoutingKey]
+        | WithAnnotations[DeadLetter, _RoutingKey]
+        | WithAnnotations[Attempt, _RoutingKey]
+    )
+
+    # What _AttemptColumns is mixed into: its super() is a ModelAdmin's or an inline's.
+    _ColumnsBase = BaseModelAdmin[Any]
+else:
+    _ColumnsBase = object
 
 
 def _duration(obj: Attempt) -> str:
@@ -46,7 +74,9 @@ class RoutedFilter(admin.SimpleListFilter):
     title = _("routed")
     parameter_name = "routed"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin
+    ) -> Iterable[tuple[str, StrOrPromise]]:
         return (("yes", _("Yes")), ("no", _("No: matched no queue")))
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
@@ -80,14 +110,14 @@ class DeadLetterInline(ReadOnlyInline):
         return super().get_queryset(request).select_related("queue")
 
 
-class _AttemptColumns:
+class _AttemptColumns(_ColumnsBase):
     """Columns shared by the attempt inline and the attempt list."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(queue_name=queue_name_of())
 
     @admin.display(description=_("queue"))
-    def queue_name(self, obj: Attempt) -> str:
+    def queue_name(self, obj: WithAnnotations[Attempt, _QueueName]) -> str:
         return obj.queue_name or f"{obj.queue_id} (deleted)"
 
     @admin.display(description=_("duration"), ordering="duration_ms")
@@ -136,7 +166,7 @@ class MessageAdmin(MessageIdSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(is_routed=routed())
 
     @admin.display(boolean=True, description=_("routed"), ordering="is_routed")
-    def is_routed(self, obj: Message) -> bool:
+    def is_routed(self, obj: WithAnnotations[Message, _Routed]) -> bool:
         return obj.is_routed
 
     @admin.display(description=_("body"))
@@ -160,7 +190,7 @@ class _ByMessageAdmin(MessageIdSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(routing_key=routing_key_of())
 
     @admin.display(description=_("message"))
-    def message_ref(self, obj) -> SafeString:
+    def message_ref(self, obj: _ByMessageRow) -> SafeString:
         return message_link(obj.message_id, obj.routing_key)
 
 

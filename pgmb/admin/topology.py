@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
@@ -16,8 +19,19 @@ from .. import routing
 from ..models import DeadLetter, Delivery, Queue, Worker
 from .forms import WorkerForm
 
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec
+    from django_stubs_ext import StrOrPromise, WithAnnotations
 
-def _count_per_queue(model: type) -> Coalesce:
+    class _WorkerCounts(TypedDict):
+        n_queues: int
+
+    class _QueueCounts(TypedDict):
+        n_pending: int
+        n_dead_letters: int
+
+
+def _count_per_queue(model: type[Delivery | DeadLetter]) -> Coalesce:
     """A correlated COUNT per queue (as the SQL view pgmb.queues does it).
 
     Two Count() joins in one query would multiply each other's rows; subqueries don't.
@@ -48,7 +62,7 @@ class WorkerAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(n_queues=Count("queues"))
 
-    def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None):
+    def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None) -> _FieldsetSpec:
         fieldsets = super().get_fieldsets(request, obj)
         if obj is None or not obj.secret:
             # Without a stored secret WorkerForm has no "remove the secret" box.
@@ -63,7 +77,7 @@ class WorkerAdmin(admin.ModelAdmin):
         return bool(obj.secret)
 
     @admin.display(description=_("queues"), ordering="n_queues")
-    def queue_count(self, obj: Worker) -> SafeString:
+    def queue_count(self, obj: WithAnnotations[Worker, _WorkerCounts]) -> SafeString:
         url = reverse("admin:pgmb_queue_changelist")
         return format_html('<a href="{}?worker__id__exact={}">{}</a>', url, obj.pk, obj.n_queues)
 
@@ -103,7 +117,9 @@ class QueueAdmin(admin.ModelAdmin):
             )
         )
 
-    def get_form(self, request: HttpRequest, obj: Queue | None = None, change=False, **kwargs):
+    def get_form(
+        self, request: HttpRequest, obj: Queue | None = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm]:
         form = super().get_form(request, obj, change=change, **kwargs)
         if obj is not None:
             queue_view, dead_view = obj.view_names
@@ -121,11 +137,11 @@ class QueueAdmin(admin.ModelAdmin):
         return form
 
     @admin.display(description=_("pending"), ordering="n_pending")
-    def pending(self, obj: Queue) -> int:
+    def pending(self, obj: WithAnnotations[Queue, _QueueCounts]) -> int:
         return obj.n_pending
 
     @admin.display(description=_("dead letters"), ordering="n_dead_letters")
-    def dead_letters(self, obj: Queue) -> SafeString | int:
+    def dead_letters(self, obj: WithAnnotations[Queue, _QueueCounts]) -> SafeString | int:
         if not obj.n_dead_letters:
             return 0
         url = reverse("admin:pgmb_deadletter_changelist")
@@ -134,7 +150,7 @@ class QueueAdmin(admin.ModelAdmin):
         )
 
     @admin.display(description=_("SQL views"))
-    def sql_views(self, obj: Queue) -> SafeString | str:
+    def sql_views(self, obj: Queue) -> StrOrPromise:
         if obj._state.adding or not obj.name:
             return _("Created when the queue is saved.")
         queue_view, dead_view = routing.queue_view_names(obj.name)

@@ -266,6 +266,7 @@ class Dispatcher:
             if pacer is None:
                 pacer = self._pacers[row.worker_id] = Pacer()
             await pacer.wait(row.rps)
+        # current_task() is None only outside a task, and _deliver always runs in one.
         self._posting.add(asyncio.current_task())  # type: ignore[arg-type]
         started = time.perf_counter()
         try:

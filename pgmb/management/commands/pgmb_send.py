@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import IO, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, DataError, IntegrityError, connections, transaction
+from django.db import DataError, IntegrityError, connections, transaction
 from django.db import Error as DjangoDatabaseError
 from django.utils.connection import ConnectionDoesNotExist
 
@@ -57,7 +57,7 @@ def one_line(text: str) -> str:
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
-def database_reason(exc: DatabaseError) -> str:
+def database_reason(exc: DjangoDatabaseError) -> str:
     """The database's own words for why it refused a statement (message and detail)."""
     diag = getattr(exc.__cause__, "diag", None)
     if diag is not None and diag.message_primary:

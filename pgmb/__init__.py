@@ -4,7 +4,8 @@ The public API, imported lazily so that ``import pgmb`` works before Django is s
 
     import pgmb
     pgmb.send("order.created", {"order_id": 123})
-    pgmb.send_batch([("order.created", {"order_id": n}) for n in range(100)])
+    ids = pgmb.send_batch([("order.created", {"order_id": n}) for n in range(100)])
+    pgmb.unrouted(ids)  # those that matched no queue: stored, but nothing delivers them
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
         InvalidRoutingKey,
         PgmbError,
     )
-    from .publish import Outgoing, send, send_batch
+    from .publish import Outgoing, send, send_batch, unrouted
 
 __all__ = [
     "DuplicateMessage",
@@ -34,9 +35,10 @@ __all__ = [
     "PgmbError",
     "send",
     "send_batch",
+    "unrouted",
 ]
 
-_WHERE = {"Outgoing": "publish", "send": "publish", "send_batch": "publish"}
+_WHERE = {"Outgoing": "publish", "send": "publish", "send_batch": "publish", "unrouted": "publish"}
 
 
 def __getattr__(name: str) -> Any:

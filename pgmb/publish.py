@@ -115,6 +115,29 @@ def send(
     return mid
 
 
+def unrouted(
+    message_ids: Iterable[uuid.UUID | str], *, using: str | None = None
+) -> list[uuid.UUID]:
+    """The messages among ``message_ids`` that no queue got, in the order given.
+
+    Routing happens once, when a message is published: one whose routing key matched no
+    queue's binding key at that moment is stored but never delivered (a typo in the key, a
+    queue created later, a binding that does not cover it). One query::
+
+        ids = pgmb.send_batch(messages)
+        if lost := pgmb.unrouted(ids):
+            log.warning("%d messages matched no queue", len(lost))
+
+    Ids of messages that do not exist are not returned.
+    """
+    ids = [_message_id(i) for i in message_ids]
+    if not ids:
+        return []
+    with connections[using or conf.get().DATABASE].cursor() as cursor:
+        cursor.execute(sql.query("publish.sql", "unrouted"), (ids,))
+        return [row[0] for row in cursor.fetchall()]
+
+
 def _outgoing(item: Outgoing | Mapping[str, Any] | tuple) -> Outgoing:
     if isinstance(item, Outgoing):
         return item

@@ -359,7 +359,8 @@ def test_process_sends_and_prints_the_id(transactional_db, make_queue):
     assert Delivery.objects.get().queue_id == queue.id
 
 
-def test_process_reads_stdin(transactional_db):
+def test_process_reads_stdin(transactional_db, make_queue):
+    make_queue("a.*")
     lines = "".join(json.dumps({"n": n}) + "\n" for n in range(30))
     done = _manage("a.b", "--file", "-", "--batch-size", "7", stdin=lines)
     assert (done.returncode, done.stdout, done.stderr) == (0, "sent 30 messages\n", "")
@@ -400,7 +401,8 @@ def test_process_duplicate_id_is_one_line(transactional_db):
     assert list(Message.objects.values_list("body", flat=True)) == [1]
 
 
-def test_progress_bar_on_a_terminal_only(transactional_db, tmp_path):
+def test_progress_bar_on_a_terminal_only(transactional_db, tmp_path, make_queue):
+    make_queue("a.*")
     path = write_lines(tmp_path / "bodies.jsonl", [str(n) for n in range(3000)])
     args = [sys.executable, "-m", "django", "pgmb_send", "a.b", "--file", str(path)]
 
@@ -463,3 +465,35 @@ def test_process_interrupted_sends_nothing(transactional_db):
         b"CommandError: interrupted: nothing was sent\n",
     )
     assert Message.objects.count() == 0
+
+
+def _run_with_stderr(*args, **options) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("pgmb_send", *args, stdout=out, stderr=err, **options)
+    return out.getvalue(), err.getvalue()
+
+
+def test_a_message_no_queue_gets_is_sent_with_a_warning(make_queue):
+    make_queue("order.*")
+    out, err = _run_with_stderr("invoice.created", "{}")
+    assert Message.objects.get().id == uuid.UUID(out.strip())
+    assert "warning: the message with routing key 'invoice.created' matched no queue" in err
+    out, err = _run_with_stderr("order.created", "{}")
+    assert err == ""
+
+
+def test_bulk_warns_once_naming_the_first_unrouted_line(make_queue, tmp_path):
+    make_queue("order.*")
+    path = write_lines(
+        tmp_path / "e.jsonl",
+        [
+            '{"routing_key": "order.a", "body": 1}',
+            '{"routing_key": "lost.a", "body": 2}',
+            '{"routing_key": "order.b", "body": 3}',
+            '{"routing_key": "lost.b", "body": 4}',
+        ],
+    )
+    out, err = _run_with_stderr("--file", str(path), "--batch-size", "3")
+    assert "sent 4 messages" in out
+    assert "2 messages matched no queue (the first: line 2, routing key 'lost.a')" in err
+    assert Message.objects.count() == 4

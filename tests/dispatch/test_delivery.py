@@ -204,3 +204,24 @@ def test_paused_queues_and_named_queues(dispatch, recording_server, make_worker,
     dispatch()
     assert sorted(r.json() for r in recording_server.requests) == ["a", "b"]
     assert Delivery.objects.get().queue.name == "qc"
+
+
+def test_retries_log_at_info_and_dead_letters_as_a_warning(
+    dispatch, recording_server, make_worker, make_queue, caplog
+):
+    recording_server.respond(500)
+    make_queue(
+        "#",
+        worker=make_worker(endpoint=recording_server.url()),
+        max_retries=1,
+        backoff_base=0,
+        backoff_max=0,
+    )
+    pgmb.send("k", 1)
+    with caplog.at_level("INFO", logger="pgmb.dispatch"):
+        dispatch()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if "attempt=" in r.getMessage()]
+    assert [level for level, _ in lines] == ["INFO", "WARNING"]
+    assert lines[0][1].startswith("failed, will retry queue=") and "attempt=1/2" in lines[0][1]
+    assert lines[1][1].startswith("dead-lettered queue=") and "attempt=2/2" in lines[1][1]
+    assert DeadLetter.objects.count() == 1

@@ -3,7 +3,9 @@ a database restart, wake-ups by NOTIFY and by polling."""
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -16,6 +18,8 @@ import pgmb
 from pgmb.models import Attempt, Delivery, Worker
 from tests.httpserver import reply
 from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dispatchers_idle(count: int = 1) -> bool:
@@ -166,7 +170,9 @@ def test_database_restart_during_dispatch_loses_nothing(
     script = Path(__file__).resolve().parents[2] / "scripts" / "pgcluster.sh"
     subprocess.run([str(script), "restart", os.environ["PGMB_CLUSTER_DIR"]], check=True, timeout=60)
     assert proc.wait(timeout=120) == 0, proc.stderr.read()
-    assert "database unavailable" in proc.stderr.read()
+    log = proc.stderr.read()
+    assert "database unavailable" in log
+    assert "database reconnected" in log  # an operator sees the outage end, too
     received = {r.headers["pgmb-message-id"] for r in recording_server.requests}
     assert received == {str(i) for i in ids}
     assert not Delivery.objects.exists()
@@ -197,3 +203,38 @@ def test_sigterm_while_the_database_is_down_still_exits(
         subprocess.run([str(script), "start", cluster], check=True, timeout=60, capture_output=True)
     reader.join(timeout=60)
     assert "dispatcher stopped" in "".join(stderr)
+
+
+def test_until_idle_gives_up_on_an_unreachable_database(transactional_db):
+    """A cron job or CI step running --until-idle must end, with an error, not hang."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    port = closed.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PGPORT": str(port),
+    }
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "pgmb_dispatch",
+                "--until-idle",
+                *["--give-up-after", "1"],
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        closed.close()
+    assert result.returncode == 1
+    assert "database unavailable" in result.stderr  # it did try again before giving up
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("CommandError: gave up: the database is unreachable for"), last

@@ -2,7 +2,8 @@
 # Install the pgsql-http stand-in (extension "http", PL/Python) into PostgreSQL's extension
 # folder, so that tests can run CREATE EXTENSION http. Safe to run again and again.
 #
-#   tests/pg_http/install.sh [SHAREDIR]
+#   tests/pg_http/install.sh [SHAREDIR]            install (or update) it
+#   tests/pg_http/install.sh --remove [SHAREDIR]   remove it again (never a real pgsql-http)
 #
 # SHAREDIR (or $PG_SHAREDIR) is PostgreSQL's share directory. Otherwise it is asked of
 # $PG_BINDIR/pg_config (the server scripts/pgcluster.sh would start), then of pg_config on
@@ -14,6 +15,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 marker=pgmb-standin
 files=(http.control http--1.6.sql)
 
+remove=
+if [ "${1:-}" = --remove ]; then
+  remove=1
+  shift
+fi
 sharedir=${1:-${PG_SHAREDIR:-}}
 if [ -z "$sharedir" ] && [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/pg_config" ]; then
   sharedir=$("$PG_BINDIR/pg_config" --sharedir)
@@ -33,6 +39,14 @@ extdir=$sharedir/extension
 if [ ! -f "$extdir/plpgsql.control" ]; then
   echo "pg_http/install.sh: $extdir is not a PostgreSQL extension folder (no plpgsql.control); pass the share directory as argument" >&2
   exit 1
+fi
+
+if [ -n "$remove" ]; then
+  if [ -f "$extdir/http.control" ] && grep -q "$marker" "$extdir/http.control"; then
+    for f in "${files[@]}"; do rm -f "$extdir/$f"; done
+    echo "pg_http/install.sh: removed the http stand-in from $extdir"
+  fi
+  exit 0
 fi
 
 if [ -f "$extdir/http.control" ] && ! grep -q "$marker" "$extdir/http.control"; then

@@ -186,3 +186,23 @@ def test_orm_writes_are_checked_by_the_database(make_worker):
     with pytest.raises(IntegrityError, match="routing_key_valid"), transaction.atomic():
         Message.objects.create(routing_key="a.*", body={}, available_at=datetime.now(timezone.utc))
     assert not Message.objects.exists()
+
+
+def test_unrouted_names_the_messages_no_queue_got(make_queue, django_assert_num_queries):
+    make_queue("order.*")
+    routed = pgmb.send("order.created", 1)
+    lost = pgmb.send("invoice.created", 2)
+    batch = pgmb.send_batch([("nothing.here", 3), ("order.paid", 4), ("typo", 5)])
+    with django_assert_num_queries(1):
+        assert pgmb.unrouted([routed, lost, *batch, uuid.uuid4()]) == [lost, batch[0], batch[2]]
+    assert pgmb.unrouted([]) == []
+    with pytest.raises(pgmb.InvalidBody):
+        pgmb.unrouted(["not-a-uuid"])
+
+
+def test_sql_unrouted_agrees_with_the_messages_view(make_queue, sql):
+    make_queue("a.#")
+    [(kept,)] = sql("SELECT pgmb.send(gen_random_uuid(), 'a.b', '1')")
+    [(lost,)] = sql("SELECT pgmb.send(gen_random_uuid(), 'b.a', '1')")
+    assert sql("SELECT pgmb.unrouted(ARRAY[%s, %s]::uuid[])", (kept, lost)) == [(lost,)]
+    assert sql("SELECT id FROM pgmb.messages WHERE NOT routed") == [(lost,)]

@@ -382,7 +382,7 @@ def test_secrets(secret, accepted):
         # The signature Python sends is the one pgmb.request_headers() sends.
         message_id, timestamp, body = str(uuid.uuid4()), 1_700_000_000, '{"a": "é"}'
         ok, signature = sql(
-            "SELECT pgmb.request_headers(ROW(1, gen_random_uuid(), 1, gen_random_uuid(), 'q',"
+            "SELECT pgmb.request_headers(ROW(1, gen_random_uuid(), 1, 1, gen_random_uuid(), 'q',"
             " %s::uuid, 'k', %s, '{}'::jsonb, now(), gen_random_uuid(), 'http://a/', 1, %s, 1,"
             " 60)::pgmb.claimed, %s) ->> 'webhook-signature'",
             (message_id, body, secret, timestamp),
@@ -419,7 +419,7 @@ def test_a_bad_secret_from_before_the_rule_is_reported_clearly():
     assert "base64 end sequence" not in message
     assert "whsec_topsecret" not in message
     signing = sql(
-        "SELECT pgmb.request_headers(ROW(1, gen_random_uuid(), 1, gen_random_uuid(), 'q',"
+        "SELECT pgmb.request_headers(ROW(1, gen_random_uuid(), 1, 1, gen_random_uuid(), 'q',"
         " gen_random_uuid(), 'k', '{}', '{}'::jsonb, now(), w.id, w.endpoint, 1, w.secret, 1,"
         " 60)::pgmb.claimed, 1) FROM pgmb_worker w WHERE w.name = 'legacy'",
         (),

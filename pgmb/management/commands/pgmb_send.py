@@ -36,7 +36,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from pgmb import conf
 from pgmb.durations import check_seconds, parse_delay
 from pgmb.errors import PgmbError
-from pgmb.publish import Outgoing, send, send_batch
+from pgmb.publish import Outgoing, send, send_batch, unrouted
 from pgmb.routing import validate_routing_key
 
 ENVELOPE_KEYS = ("routing_key", "body", "headers", "delay", "id")
@@ -253,6 +253,8 @@ class Command(BaseCommand):
                     message_id=message_id,
                     using=using,
                 )
+                if unrouted([sent], using=using):
+                    self._warn_unrouted([(None, routing_key)])
             self._say(str(sent))
             return
 
@@ -268,6 +270,20 @@ class Command(BaseCommand):
             stream = self._open(path, options.get("stdin"), stack)
             count = self._send_file(stream, path, routing_key, headers, delay, batch_size, using)
         self._say(f"sent {count:d} message{'' if count == 1 else 's'}")
+
+    def _warn_unrouted(self, lost: list[tuple[int | None, str]]) -> None:
+        """Say that messages matched no queue: they are stored, and nothing delivers them."""
+        line, key = lost[0]
+        which = (
+            f"{len(lost)} messages matched no queue (the first: line {line}, routing key {key!r})"
+            if len(lost) > 1
+            else f"the message{'' if line is None else f' on line {line}'} with routing key "
+            f"{key!r} matched no queue"
+        )
+        self.stderr.write(
+            f"warning: {which}; stored, but no queue's binding key matches, so nothing will "
+            "deliver it (see 'Unrouted messages' in the README)"
+        )
 
     def _say(self, text: str) -> None:
         if self.verbosity > 0:
@@ -306,6 +322,7 @@ class Command(BaseCommand):
         progress = Progress(self.stderr, _remaining_bytes(stream), interactive)
         count, done_bytes = 0, 0
         batch: list[tuple[int, Outgoing]] = []
+        lost: list[tuple[int | None, str]] = []
         try:
             with transaction.atomic(using=using):
                 for number, text, size in _lines(stream, path):
@@ -314,13 +331,15 @@ class Command(BaseCommand):
                         continue
                     batch.append((number, _outgoing(number, text, routing_key, headers, delay)))
                     if len(batch) >= batch_size:
-                        count += _flush(batch, using)
+                        count += _flush(batch, using, lost)
                         batch = []
                         progress.update(count, done_bytes)
-                count += _flush(batch, using)
+                count += _flush(batch, using, lost)
                 progress.update(count, done_bytes, force=True)
         finally:
             progress.close()
+        if lost:
+            self._warn_unrouted(lost)
         return count
 
 
@@ -401,16 +420,27 @@ def _envelope(value: Any, headers: dict[str, Any] | None, delay: Delay) -> Outgo
     )
 
 
-def _flush(batch: list[tuple[int, Outgoing]], using: str) -> int:
-    """Publish a batch in one INSERT; if the database refuses it, find the line to blame."""
+def _flush(
+    batch: list[tuple[int, Outgoing]], using: str, lost: list[tuple[int | None, str]]
+) -> int:
+    """Publish a batch in one INSERT; if the database refuses it, find the line to blame.
+
+    Lines whose message matched no queue are added to ``lost``.
+    """
     if not batch:
         return 0
     try:
         with transaction.atomic(using=using):
-            send_batch([item for _, item in batch], using=using)
+            ids = send_batch([item for _, item in batch], using=using)
     except (PgmbError, DataError, IntegrityError):
         _blame(batch, using)
         raise  # no single line fails alone: report the error as it is
+    if missing := set(unrouted(ids, using=using)):
+        lost.extend(
+            (number, item.routing_key)
+            for (number, item), mid in zip(batch, ids, strict=True)
+            if mid in missing
+        )
     return len(batch)
 
 

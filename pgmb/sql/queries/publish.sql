@@ -5,6 +5,9 @@ INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_
 VALUES (%s, %s, %s::jsonb, %s::jsonb, now(),
         greatest(now(), coalesce(%s::timestamptz, now() + coalesce(%s::float8, 0) * interval '1 second')))
 
+-- name: unrouted
+SELECT id FROM pgmb.unrouted(%s::uuid[]) AS id
+
 -- name: send_batch
 INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at)
 SELECT id, routing_key, body, headers, now(),

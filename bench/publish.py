@@ -4,7 +4,7 @@
 
 In a scratch database: one queue bound to ``order.*``, four that must get nothing, and a
 baseline table shaped like ``pgmb_message`` with no trigger, no CHECK and no deliveries,
-written with the statements of ``pgmb/sql/publish.sql`` (only the table name changed)
+written with the statements of ``pgmb/sql/queries/publish.sql`` (only the table name changed)
 through the same Django connection, so a ratio isolates what routing costs. Each case
 publishes for ``--seconds`` from 1 or 4 client processes calling ``pgmb.send`` /
 ``pgmb.send_batch``, next to a run of its baseline; the best of ``--rounds`` counts. At

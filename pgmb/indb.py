@@ -32,7 +32,8 @@ class Capabilities:
 
 def capabilities(cursor: Any) -> Capabilities:
     cursor.execute(sql.query("indb.sql", "capabilities"))
-    return Capabilities(*cursor.fetchone())
+    names = [column.name for column in cursor.description]
+    return Capabilities(**dict(zip(names, cursor.fetchone(), strict=True)))
 
 
 #: The migration file with the current PL/Python transport: ``pgmb_cron install`` runs it

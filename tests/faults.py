@@ -32,6 +32,7 @@ def faulty_world(recording_server, make_worker, make_queue):
     server.respond(500, body=b"broken \x00 body", path="/nul")
     server.respond(503, body="later", headers={"Retry-After": "\u00b2"}, path="/odd-retry-after")
     server.respond(429, headers={"Retry-After": "tomorrow"}, path="/date-retry-after")
+    server.respond(500, path="/huge-timeout")
     good = make_queue("#", name="good", worker=make_worker(endpoint=server.url("/good")))
     bad = {
         "bad_secret": make_worker(endpoint=server.url("/secret")),
@@ -39,6 +40,8 @@ def faulty_world(recording_server, make_worker, make_queue):
         "nul_body": make_worker(endpoint=server.url("/nul")),
         "odd_retry": make_worker(endpoint=server.url("/odd-retry-after")),
         "date_retry": make_worker(endpoint=server.url("/date-retry-after")),
+        # A timeout no HTTP client or socket can take as it is.
+        "huge_timeout": make_worker(endpoint=server.url("/huge-timeout"), timeout=1e300),
     }
     for name, worker in bad.items():
         make_queue("#", name=name, worker=worker, max_retries=0)

@@ -2,7 +2,9 @@
 purge, rate limits, through the typed API (pgmb.deliveries) that both dispatchers, the
 commands and the admin use. Each call is one SQL function of schema pgmb."""
 
+import asyncio
 import json
+import uuid
 
 import psycopg
 import pytest
@@ -11,6 +13,7 @@ from django.db import connection
 import pgmb
 from pgmb import deliveries
 from pgmb.deliveries import Failure, Success
+from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery
 
 
@@ -282,3 +285,32 @@ def test_claim_ack_fail_query_counts(
     with django_assert_num_queries(1):
         assert deliveries.release(rows) == 0  # acked or failed: nothing left to release
     assert Attempt.objects.count() == 20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_api_runs_the_same_transitions(make_queue):
+    make_queue("#", max_retries=0)
+    pgmb.send_batch(("k", n) for n in range(3))
+
+    async def transitions() -> list[deliveries.Claimed]:
+        info = conninfo_from_django("default")
+        async with await psycopg.AsyncConnection.connect(**info, autocommit=True) as conn:
+            claims = await deliveries.aclaim(conn, None, 10)
+            first, second, third = claims
+            assert await deliveries.aack(conn, [Success(first.delivery_id, 200, 1.5)]) == 1
+            failure = Failure(second.delivery_id, second.lease_id, 500, "down")
+            assert await deliveries.afail(conn, [failure]) == 1
+            assert await deliveries.arelease(conn, [third]) == 1
+            assert await deliveries.areclaim_expired(conn) == 0
+            assert await deliveries.aack(conn, []) == 0  # nothing to send, no query
+            return claims
+
+    claims = asyncio.run(transitions())
+    assert len(claims) == 3
+    outcomes = dict(Attempt.objects.values_list("message_id", "outcome"))
+    assert outcomes == {
+        uuid.UUID(claims[0].message_id): "ack",
+        uuid.UUID(claims[1].message_id): "dead",
+    }
+    released = Delivery.objects.get()
+    assert (released.state, released.attempts) == ("ready", 0)

@@ -1,14 +1,15 @@
 -- Questions the in-database path asks of a database (pgmb/indb.py).
 
 -- name: capabilities
-SELECT 'pg_cron' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ',')),
-       current_setting('cron.database_name', true),
-       (SELECT extversion FROM pg_extension WHERE extname = 'pg_cron'),
-       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http'),
-       EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u'),
-       EXISTS (SELECT 1 FROM pg_language WHERE lanname = 'plpython3u'),
-       pgmb.http_transport(),
-       current_database()
+SELECT 'pg_cron' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))
+           AS pg_cron_preloaded,
+       current_setting('cron.database_name', true) AS pg_cron_database,
+       (SELECT extversion FROM pg_extension WHERE extname = 'pg_cron') AS pg_cron_version,
+       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http') AS http_extension,
+       EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u') AS plpython_available,
+       EXISTS (SELECT 1 FROM pg_language WHERE lanname = 'plpython3u') AS plpython_installed,
+       pgmb.http_transport() AS transport,
+       current_database() AS database
 
 -- name: create_plpython
 CREATE EXTENSION IF NOT EXISTS plpython3u

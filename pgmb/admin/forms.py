@@ -28,7 +28,7 @@ class WorkerForm(forms.ModelForm):
 
     class Meta:
         model = Worker
-        fields = ["name", "endpoint", "rps", "timeout", "active", "secret"]
+        fields = ["name", "endpoint", "rps", "burst", "timeout", "active", "secret"]
         widgets = {"endpoint": forms.URLInput(attrs={"class": "vURLField"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -54,7 +54,7 @@ class WorkerAdmin(admin.ModelAdmin):
     search_fields = ("name", "endpoint")
     readonly_fields = ("id", "created_at")
     fieldsets = (
-        (None, {"fields": ("name", "endpoint", "rps", "timeout", "active")}),
+        (None, {"fields": ("name", "endpoint", "rps", "burst", "timeout", "active")}),
         (_("Request signing"), {"fields": ("secret", "clear_secret")}),
         (_("Record"), {"fields": ("id", "created_at"), "classes": ("collapse",)}),
     )

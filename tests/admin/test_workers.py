@@ -13,6 +13,7 @@ def worker_data(**changes):
         "name": "orders",
         "endpoint": "https://orders.example.com/hook",
         "rps": "25",
+        "burst": "0.5",
         "timeout": "5",
         "active": "on",
         "secret": "",
@@ -59,9 +60,10 @@ def test_add_form_creates_the_worker(admin_client, db):
 
     assert form_errors(response) == {}
     worker = Worker.objects.get(name="orders")
-    assert (worker.endpoint, worker.rps, worker.timeout, worker.active) == (
+    assert (worker.endpoint, worker.rps, worker.burst, worker.timeout, worker.active) == (
         "https://orders.example.com/hook",
         25,
+        0.5,
         5.0,
         True,
     )
@@ -87,6 +89,7 @@ def test_add_form_creates_the_worker(admin_client, db):
         ({"secret": "tab\tsecret"}, "secret", "Invalid secret: a secret may not contain"),
         ({"rps": "0"}, "rps", "greater than or equal to 1"),
         ({"rps": "-5"}, "rps", "greater than or equal to"),
+        ({"burst": "0"}, "burst", "greater than or equal to 0.001"),
         ({"timeout": "0"}, "timeout", "greater than or equal to 0.001"),
     ],
 )

@@ -139,8 +139,9 @@ def ack_call(successes: Sequence[Success]) -> Call[int]:
 
 
 def _storable(text: str) -> str:
-    """``text`` as PostgreSQL can store it: a worker's answer may hold NUL characters."""
-    return text.replace("\x00", "\\x00") if "\x00" in text else text
+    """``text`` as PostgreSQL can store it: an error may quote a worker's answer or an
+    exception, with NUL characters or lone surrogates in it."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def fail_call(failures: Sequence[Failure]) -> Call[int]:

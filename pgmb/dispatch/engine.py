@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import psycopg
-
 from .. import deliveries
 from ..deliveries import Claimed, Failure, Success
 from .client import Outcome, new_session, post
@@ -353,7 +351,9 @@ class Dispatcher:
         """Write outcomes; one the database refuses is left to its lease, not the batch."""
         try:
             await self._outcomes_db.run(call(items))
-        except psycopg.Error as exc:  # refused, not unreachable (Database.run retries that)
+        except Unavailable:
+            raise
+        except Exception as exc:  # refused, not unreachable (Database.run retries that)
             if len(items) > 1:
                 for item in items:
                     await self._write(call, [item])

@@ -1,6 +1,7 @@
 """The external dispatcher against real local HTTP servers: what arrives, and what is
 recorded for each outcome."""
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -11,6 +12,8 @@ import pytest
 
 import pgmb
 from pgmb import deliveries
+from pgmb.dispatch.database import conninfo_from_django
+from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Attempt, DeadLetter, Delivery
 from tests.httpserver import hangup, reply, retry_after, slow
 
@@ -225,3 +228,36 @@ def test_retries_log_at_info_and_dead_letters_as_a_warning(
     assert lines[0][1].startswith("failed, will retry queue=") and "attempt=1/2" in lines[0][1]
     assert lines[1][1].startswith("dead-lettered queue=") and "attempt=2/2" in lines[1][1]
     assert DeadLetter.objects.count() == 1
+
+
+def test_an_outcome_the_database_refuses_does_not_hold_back_the_others(
+    transactional_db, make_queue, caplog
+):
+    make_queue("#")
+    pgmb.send_batch([("k", 1), ("k", 2)])
+    claims = deliveries.claim(None, 10)
+    good = [deliveries.Failure(c.delivery_id, c.lease_id, 500, "down") for c in claims]
+    refused = deliveries.Failure(2**70, claims[0].lease_id, 500, "no such id")  # not a bigint
+
+    async def write() -> None:
+        dispatcher = Dispatcher(conninfo_from_django("default"), Options())
+        try:
+            await dispatcher._write(deliveries.fail_call, [good[0], refused, good[1]])
+        finally:
+            await dispatcher._outcomes_db.close()
+
+    with caplog.at_level("ERROR", logger="pgmb.dispatch"):
+        asyncio.run(write())
+    assert Attempt.objects.filter(outcome="retry").count() == 2
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("could not record an outcome (")
+    assert "lease will expire" in line and "no such id" in line  # names the one refused
+
+
+def test_errors_are_stored_whatever_characters_they_hold(make_queue):
+    make_queue("#")
+    pgmb.send("k", 1)
+    [claim] = deliveries.claim()
+    error = "HTTP 500: a\x00b \ud800 c"
+    assert deliveries.fail([deliveries.Failure(claim.delivery_id, claim.lease_id, 500, error)])
+    assert Delivery.objects.get().last_error == "HTTP 500: a\\x00b \\ud800 c"

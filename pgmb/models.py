@@ -9,6 +9,7 @@ delivery leaves it (its attempts stay in ``pgmb_attempt``), once dead it moves t
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import uuid
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 
 import pgtrigger
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -91,6 +92,22 @@ DEFAULT_MAX_RETRIES = 5
 DEFAULT_BACKOFF_BASE = 1.0
 DEFAULT_BACKOFF_MAX = 300.0
 DEFAULT_LEASE_SECONDS = 60.0
+#: The longest lease and backoff of a queue (30 days), the bound pgmb.prepare_queue() and
+#: the CHECK pgmb_queue_durations_bounded hold in SQL: beyond what PostgreSQL's intervals
+#: can add to a time, one queue's value made every claim or retry fail.
+MAX_QUEUE_SECONDS = 30 * 24 * 3600
+
+
+def validate_finite(value: float) -> None:
+    """Refuse NaN and infinities, which compare false with every bound in Python."""
+    if not math.isfinite(value):
+        raise ValidationError(_("Enter a finite number."), code="invalid")
+
+
+_QUEUE_SECONDS: list[Callable[[Any], None]] = [
+    validate_finite,
+    MaxValueValidator(MAX_QUEUE_SECONDS),
+]
 
 
 class Worker(models.Model):
@@ -167,19 +184,19 @@ class Queue(models.Model):
         _("backoff base (s)"),
         default=DEFAULT_BACKOFF_BASE,
         db_default=DEFAULT_BACKOFF_BASE,
-        validators=[MinValueValidator(0)],
+        validators=[MinValueValidator(0), *_QUEUE_SECONDS],
     )
     backoff_max = models.FloatField(
         _("backoff cap (s)"),
         default=DEFAULT_BACKOFF_MAX,
         db_default=DEFAULT_BACKOFF_MAX,
-        validators=[MinValueValidator(0)],
+        validators=[MinValueValidator(0), *_QUEUE_SECONDS],
     )
     lease_seconds = models.FloatField(
         _("lease (s)"),
         default=DEFAULT_LEASE_SECONDS,
         db_default=DEFAULT_LEASE_SECONDS,
-        validators=[MinValueValidator(0.001)],
+        validators=[MinValueValidator(0.001), *_QUEUE_SECONDS],
     )
     paused = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)

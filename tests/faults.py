@@ -78,3 +78,34 @@ def check_faulty_world(world) -> None:
     assert DeadLetter.objects.filter(queue__name="nul_body", last_status=500).count() >= NORMAL
     # One attempt recorded per delivery: none vanished, none was posted twice.
     assert Attempt.objects.count() == world["queues"] * (NORMAL + 1)
+
+
+#: How many claims ``claims_refused`` makes the database refuse before it accepts them.
+REFUSALS = 2
+
+
+@pytest.fixture
+def claims_refused(transactional_db):
+    """The database refuses the next claims (an error raised by a trigger on the deliveries'
+    UPDATE, as a stored value a claim cannot compute would make it), then accepts them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            CREATE SEQUENCE pgmb_test_refusals;
+            CREATE FUNCTION pgmb_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF nextval('pgmb_test_refusals') <= {REFUSALS:d} THEN
+                    RAISE EXCEPTION 'refused by the test';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER pgmb_test_refuse BEFORE UPDATE ON pgmb_delivery
+                FOR EACH ROW WHEN (NEW.state = 'leased') EXECUTE FUNCTION pgmb_test_refuse();
+            """
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DROP TRIGGER pgmb_test_refuse ON pgmb_delivery; DROP FUNCTION pgmb_test_refuse();"
+            " DROP SEQUENCE pgmb_test_refusals"
+        )

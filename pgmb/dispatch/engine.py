@@ -174,7 +174,7 @@ class Dispatcher:
             # Cleared before claiming: a NOTIFY that arrives during the claim still wakes us.
             self._wake.clear()
             if now >= next_reclaim:
-                if reclaimed := await self._claims.run(deliveries.reclaim_expired_call()):
+                if reclaimed := await self._claim_side(deliveries.reclaim_expired_call(), 0):
                     log.info("reclaimed expired leases count=%d", reclaimed)
                 next_reclaim = now + opts.reclaim_interval
             if self._stale:
@@ -187,7 +187,7 @@ class Dispatcher:
             if want > 0:
                 # Leases are counted from before the query: never later than the server's.
                 sent = loop.time()
-                rows = await self._claims.run(deliveries.claim_call(opts.queues, want))
+                rows = await self._claim_side(deliveries.claim_call(opts.queues, want), [])
                 self._ready.extend((row, sent) for row in rows)
                 self.stats.claimed += len(rows)
                 self._start_ready()
@@ -210,6 +210,22 @@ class Dispatcher:
             if deadline is not None:
                 timeout = min(timeout, max(deadline - time.monotonic(), 0))
             await self._sleep(timeout)
+
+    async def _claim_side(self, call: deliveries.Call[T], refused: T) -> T:
+        """Run a reclaim or a claim; one the database refuses (not an outage, which
+        ``Database.run`` waits out) is logged and read as ``refused``, so the loop goes on
+        and tries again at its next turn instead of ending."""
+        try:
+            return await self._claims.run(call)
+        except Unavailable:
+            raise
+        except Exception as exc:
+            log.error(
+                "the database refused a state-machine call (%s: %s); trying again later",
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )
+            return refused
 
     async def _sleep(self, timeout: float) -> None:
         """Wait until woken, or for ``timeout`` seconds.

@@ -420,7 +420,7 @@ BEGIN
             ), leased AS (
                 UPDATE pgmb_delivery d
                 SET state = 'leased', attempts = d.attempts + 1, lease_id = lease,
-                    available_at = t + qu.lease_seconds * interval '1 second'
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
                 FROM picked, pgmb_queue qu
                 WHERE d.id = picked.id AND qu.id = d.queue_id
                 RETURNING d.id, d.attempts, 1 + qu.max_retries AS max_attempts, d.queue_id, qu.name,
@@ -616,10 +616,20 @@ BEGIN
     WHILE clock_timestamp() < deadline LOOP
         EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
         IF clock_timestamp() >= next_reclaim THEN
-            PERFORM pgmb.reclaim_expired();
+            BEGIN
+                PERFORM pgmb.reclaim_expired();
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+            END;
             next_reclaim := clock_timestamp() + interval '5 seconds';
         END IF;
-        SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
+        BEGIN
+            SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
+        EXCEPTION WHEN others THEN
+            -- Nothing claimed: wait as when nothing is due, then try again.
+            RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
+            claimed := NULL;
+        END;
         COMMIT;
         IF claimed IS NULL THEN
             wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
@@ -921,6 +931,11 @@ BEGIN
         RAISE EXCEPTION 'invalid lease for queue %: it must be positive', q.name
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- NaN compares above every number here, so these also refuse it.
+    IF q.lease_seconds > 2592000 OR q.backoff_base > 2592000 OR q.backoff_max > 2592000 THEN
+        RAISE EXCEPTION 'invalid durations for queue %: the lease and the backoff may be at most 30 days (2592000 s)', q.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     RETURN q;
 END $$;
 
@@ -1151,7 +1166,7 @@ CREATE FUNCTION pgmb.retry_delay(attempt integer, base double precision, cap dou
     LANGUAGE sql PARALLEL SAFE
     AS $$
     SELECT greatest(least(coalesce(retry_after, 0), 86400), d / 2 + random() * d / 2)
-    FROM (SELECT least(cap, base * power(2, least(greatest(attempt, 1) - 1, 60))) AS d) AS backoff
+    FROM (SELECT least(cap, base * power(2, least(greatest(attempt, 1) - 1, 60)), 2592000) AS d) AS backoff
 $$;
 
 --
@@ -1676,6 +1691,13 @@ ALTER TABLE ONLY public.pgmb_message
 
 ALTER TABLE public.pgmb_message
     ADD CONSTRAINT pgmb_message_routing_key_valid CHECK (pgmb.valid_routing_key((routing_key)::text)) NOT VALID;
+
+--
+-- Name: pgmb_queue pgmb_queue_durations_bounded; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.pgmb_queue
+    ADD CONSTRAINT pgmb_queue_durations_bounded CHECK (((lease_seconds <= (2592000)::double precision) AND (backoff_base <= (2592000)::double precision) AND (backoff_max <= (2592000)::double precision))) NOT VALID;
 
 --
 -- Name: pgmb_queue pgmb_queue_name_key; Type: CONSTRAINT; Schema: public; Owner: -

@@ -29,7 +29,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 
 import pgmb
-from pgmb import durations, models, routing
+from pgmb import deliveries, durations, models, routing
 from pgmb.dispatch import client, request
 from pgmb.errors import InvalidDelay
 
@@ -74,6 +74,12 @@ def same_verdict(py: Verdict, db: Verdict, value: object) -> None:
 def execute(statement: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute(statement)
+
+
+def rows(statement: str) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+        return cursor.fetchall()
 
 
 def function_source(signature: str) -> str:
@@ -296,6 +302,71 @@ def test_endpoints(endpoint, accepted):
 
 def test_the_endpoint_regex_is_written_out_identically():
     assert models.ENDPOINT_PATTERN in function_source("pgmb.prepare_worker(pgmb_worker)")
+
+
+# ---- a queue's durations ----------------------------------------------------------------
+
+# (field, value, accepted?): a lease and a backoff are finite and at most 30 days.
+DURATIONS = [
+    (field, value, accepted)
+    for field in ("lease_seconds", "backoff_base", "backoff_max")
+    for value, accepted in [
+        (60.0, True),
+        (float(models.MAX_QUEUE_SECONDS), True),
+        (models.MAX_QUEUE_SECONDS + 0.5, False),
+        (1e300, False),
+        (float("inf"), False),
+        (float("nan"), False),
+    ]
+] + [
+    ("lease_seconds", 0.001, True),
+    ("lease_seconds", 0.0, False),
+    ("backoff_base", 0.0, True),
+    ("backoff_base", -1.0, False),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), DURATIONS)
+def test_queue_durations(field, value, accepted, make_worker):
+    worker = make_worker()
+    py = python(models.Queue._meta.get_field(field).run_validators, value)
+    # The other durations are chosen so that only `field` can break the rule.
+    row = {"lease_seconds": 60.0, "backoff_base": 0.0, "backoff_max": models.MAX_QUEUE_SECONDS}
+    row[field] = value
+    if field == "backoff_base" and accepted:
+        row["backoff_max"] = max(value, 0.0)
+    db = sql(
+        "INSERT INTO pgmb_queue (name, binding_key, pattern, worker_id, lease_seconds,"
+        " backoff_base, backoff_max) VALUES ('duration_rule', '#', '', %s, %s, %s, %s)"
+        " RETURNING " + field,
+        (worker.pk, row["lease_seconds"], row["backoff_base"], row["backoff_max"]),
+    )
+    same_verdict(py, db, (field, value))
+    assert py[0] is accepted
+
+
+def test_durations_stored_before_the_rule_neither_stop_claims_nor_retries(make_queue):
+    """Rows from before 0004 may hold any duration: claim and retry clamp them."""
+    queue = make_queue("#", max_retries=1)
+    execute("SET CONSTRAINTS ALL IMMEDIATE")  # Django's deferred FKs would block the ALTER
+    execute("ALTER TABLE pgmb_queue DROP CONSTRAINT pgmb_queue_durations_bounded")
+    execute("SET session_replication_role = replica")
+    execute(
+        "UPDATE pgmb_queue SET lease_seconds = 1e300, backoff_base = 1e300, backoff_max = 1e300"
+    )
+    execute("SET session_replication_role = DEFAULT")
+    pgmb.send("k", 1)
+    [claim] = deliveries.claim()
+    [(lease_days,)] = rows(
+        "SELECT extract(epoch FROM available_at - now()) / 86400 FROM pgmb_delivery"
+    )
+    assert 29.9 < lease_days < 30.01  # from now(), the start of the test's transaction
+    assert deliveries.fail([deliveries.Failure(claim.delivery_id, claim.lease_id, 500)]) == 1
+    [(retry_days,)] = rows(
+        "SELECT extract(epoch FROM available_at - now()) / 86400 FROM pgmb_delivery"
+    )
+    assert 14.9 < retry_days < 30.01  # equal jitter within [d/2, d], d capped at 30 days
+    assert queue.deliveries.get().state == "ready"
 
 
 # ---- secrets ------------------------------------------------------------------------

@@ -155,6 +155,7 @@ async def listen(conninfo: dict[str, Any], wake: asyncio.Event) -> None:
     was listening is claimed at once rather than at the next poll.
     """
     delay = _BACKOFF_START
+    down_since: float | None = None
     while True:
         try:
             conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
@@ -162,11 +163,16 @@ async def listen(conninfo: dict[str, Any], wake: asyncio.Event) -> None:
                 await conn.execute(sql.query("dispatcher.sql", "listen"))
                 wake.set()
                 delay = _BACKOFF_START
+                if down_since is not None:
+                    log.info("listener reconnected after=%.1fs", time.monotonic() - down_since)
+                    down_since = None
                 async for _ in conn.notifies():
                     wake.set()
             finally:
                 await conn.close()
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if down_since is None:
+                down_since = time.monotonic()
             log.warning("listener disconnected retry_in=%.1fs error=%r", delay, _first_line(exc))
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)

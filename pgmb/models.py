@@ -371,6 +371,12 @@ class DeadLetter(models.Model):
 
     class Meta:
         db_table = "pgmb_dead_letter"
+        # Moving dead letters is not "change" (rows move only through the state machine):
+        # the admin's actions and pgmb_requeue's operators are granted these.
+        permissions = [
+            ("requeue_deadletter", "Can requeue dead letters"),
+            ("purge_deadletter", "Can purge dead letters"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["message", "queue"], name="pgmb_dead_letter_message_queue"

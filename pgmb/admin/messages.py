@@ -1,6 +1,7 @@
 """Messages, and what became of them: live deliveries, dead letters, the attempt log.
 
-All of it is read-only here: rows move only through pgmb's SQL state machine.
+All of it is read-only here: rows move only through pgmb's SQL state machine. Dead letters
+can be requeued and purged by actions (see :mod:`pgmb.admin.dead_letters`), which call it.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib import admin
 from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Attempt, DeadLetter, Delivery, Message
+from ..models import Attempt, DeadLetter, Delivery, Message, Queue
+from . import dead_letters
 from .common import (
     MessageIdSearchMixin,
     ReadOnlyInline,
@@ -228,6 +231,46 @@ class DeadLetterAdmin(_ByMessageAdmin):
     list_filter = ("queue", "last_status")
     list_select_related = ("queue",)
     ordering = ("-created_at", "-id")
+    actions = ("requeue_selected", "requeue_queues", "purge_selected")
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        dead_letters.refuse_unpermitted(
+            self, request, ["requeue_selected", "requeue_queues", "purge_selected"]
+        )
+        return super().changelist_view(request, extra_context)
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return dead_letters.can_requeue(request)
+
+    def has_purge_permission(self, request: HttpRequest) -> bool:
+        return dead_letters.can_purge(request)
+
+    @admin.action(permissions=["requeue"], description=_("Requeue selected dead letters"))
+    def requeue_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        dead_letters.requeue_selected(self, request, queryset)
+
+    @admin.action(
+        permissions=["requeue"],
+        description=_("Requeue every dead letter of the selected letters' queues"),
+    )
+    def requeue_queues(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter]
+    ) -> TemplateResponse | None:
+        return dead_letters.requeue_queues(
+            self,
+            request,
+            Queue.objects.filter(pk__in=queryset.order_by().values("queue")),
+            action="requeue_queues",
+            selected=queryset.order_by("pk").values_list("pk", flat=True),
+        )
+
+    @admin.action(permissions=["purge"], description=_("Purge selected dead letters"))
+    def purge_selected(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter]
+    ) -> TemplateResponse | None:
+        return dead_letters.purge_selected(self, request, queryset)
 
 
 @admin.register(Attempt)

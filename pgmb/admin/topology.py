@@ -8,7 +8,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -17,6 +18,7 @@ from django.utils.translation import ngettext
 
 from .. import routing
 from ..models import DeadLetter, Delivery, Queue, Worker
+from . import dead_letters
 from .forms import WorkerForm
 
 if TYPE_CHECKING:
@@ -97,7 +99,7 @@ class QueueAdmin(admin.ModelAdmin):
     list_select_related = ("worker",)
     search_fields = ("name", "binding_key")
     readonly_fields = ("pattern", "sql_views", "id", "created_at")
-    actions = ("pause", "resume")
+    actions = ("pause", "resume", "requeue_dead_letters")
     fieldsets = (
         (None, {"fields": ("name", "binding_key", "pattern", "worker", "paused")}),
         (
@@ -179,3 +181,26 @@ class QueueAdmin(admin.ModelAdmin):
             else ngettext("%d queue resumed.", "%d queues resumed.", n)
         )
         self.message_user(request, text % n, messages.SUCCESS)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        dead_letters.refuse_unpermitted(self, request, ["requeue_dead_letters"])
+        return super().changelist_view(request, extra_context)
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return dead_letters.can_requeue(request)
+
+    @admin.action(
+        permissions=["requeue"], description=_("Requeue all dead letters of the selected queues")
+    )
+    def requeue_dead_letters(
+        self, request: HttpRequest, queryset: QuerySet[Queue]
+    ) -> TemplateResponse | None:
+        return dead_letters.requeue_queues(
+            self,
+            request,
+            queryset,
+            action="requeue_dead_letters",
+            selected=queryset.order_by("name").values_list("pk", flat=True),
+        )

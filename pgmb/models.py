@@ -153,6 +153,8 @@ class Worker(models.Model):
     class Meta:
         db_table = "pgmb_worker"
         ordering = ["name"]
+        # Pausing is not "change": the admin's pause and resume actions are granted this.
+        permissions = [("pause_worker", "Can pause and resume workers")]
         triggers = [
             _trigger(
                 "worker_validate",
@@ -204,6 +206,8 @@ class Queue(models.Model):
     class Meta:
         db_table = "pgmb_queue"
         ordering = ["name"]
+        # Pausing is not "change": the admin's pause and resume actions are granted this.
+        permissions = [("pause_queue", "Can pause and resume queues")]
         triggers = [
             _trigger(
                 "queue_prepare",

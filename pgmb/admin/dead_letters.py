@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.core.exceptions import PermissionDenied
 from django.db import router, transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
@@ -28,6 +27,7 @@ from django.utils.translation import ngettext
 
 from .. import deliveries
 from ..models import DeadLetter, Queue
+from .common import user_id
 
 if TYPE_CHECKING:
     from django.contrib import admin
@@ -47,21 +47,6 @@ def can_purge(request: HttpRequest) -> bool:
     return request.user.has_perm(PURGE_PERMISSION)
 
 
-def refuse_unpermitted(
-    model_admin: admin.ModelAdmin[Any], request: HttpRequest, actions: Iterable[str]
-) -> None:
-    """403 for a POST of one of ``actions`` that this user is not offered.
-
-    Django would ignore it (or say "No action selected."); an explicit refusal is what an
-    operator, and a test, can tell apart from "nothing to do".
-    """
-    if request.method != "POST":
-        return
-    action = request.POST.get("action")
-    if action in set(actions) and action not in model_admin.get_actions(request):
-        raise PermissionDenied
-
-
 def confirmed(request: HttpRequest) -> bool:
     """Whether this POST is the "Yes" of a confirmation page."""
     return request.POST.get("post") == "yes"
@@ -69,13 +54,6 @@ def confirmed(request: HttpRequest) -> bool:
 
 def _dead_letters(n: int) -> str:
     return ngettext("%(n)d dead letter", "%(n)d dead letters", n) % {"n": n}
-
-
-def _user_id(request: HttpRequest) -> int:
-    user_id = request.user.pk
-    if user_id is None:  # the admin only runs actions for a logged-in staff user
-        raise PermissionDenied
-    return user_id
 
 
 def _database() -> str:
@@ -137,7 +115,7 @@ def requeue_selected(
         n = deliveries.requeue([row.pk for row in rows], using=using) if rows else 0
     if rows:
         LogEntry.objects.log_actions(
-            user_id=_user_id(request),
+            user_id=user_id(request),
             queryset=rows,
             action_flag=CHANGE,
             change_message=_("Requeued: due again on its queue, attempts from 0."),
@@ -178,7 +156,7 @@ def purge_selected(
         n = deliveries.purge_dead_letters([row.pk for row in rows], using=using) if rows else 0
     if rows:
         LogEntry.objects.log_actions(
-            user_id=_user_id(request),
+            user_id=user_id(request),
             queryset=rows,
             action_flag=DELETION,
             change_message=_("Purged: the dead letter was deleted."),

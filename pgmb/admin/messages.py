@@ -26,6 +26,7 @@ from .common import (
     message_link,
     pretty_json,
     queue_name_of,
+    refuse_unpermitted,
     routing_key_of,
 )
 
@@ -236,9 +237,7 @@ class DeadLetterAdmin(_ByMessageAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        dead_letters.refuse_unpermitted(
-            self, request, ["requeue_selected", "requeue_queues", "purge_selected"]
-        )
+        refuse_unpermitted(self, request, ["requeue_selected", "requeue_queues", "purge_selected"])
         return super().changelist_view(request, extra_context)
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -14,11 +15,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from .. import routing
 from ..models import DeadLetter, Delivery, Queue, Worker
-from . import dead_letters
+from . import dead_letters, pausing
+from .common import refuse_unpermitted
 from .forms import WorkerForm
 
 if TYPE_CHECKING:
@@ -48,11 +49,52 @@ def _count_per_queue(model: type[Delivery | DeadLetter]) -> Coalesce:
     return Coalesce(Subquery(counts, output_field=IntegerField()), Value(0))
 
 
+class WorkerStateFilter(admin.SimpleListFilter):
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin
+    ) -> Iterable[tuple[str, StrOrPromise]]:
+        return (("active", _("active")), ("paused", _("paused")))
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        if self.value() == "active":
+            return queryset.filter(active=True)
+        if self.value() == "paused":
+            return queryset.filter(active=False)
+        return None
+
+
+class QueueStateFilter(admin.SimpleListFilter):
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin
+    ) -> Iterable[tuple[str, StrOrPromise]]:
+        return (
+            ("running", _("running")),
+            ("paused", _("paused")),
+            ("worker_paused", _("worker paused")),
+        )
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        if self.value() == "running":
+            return queryset.filter(paused=False, worker__active=True)
+        if self.value() == "paused":
+            return queryset.filter(paused=True)
+        if self.value() == "worker_paused":
+            return queryset.filter(paused=False, worker__active=False)
+        return None
+
+
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
     form = WorkerForm
-    list_display = ("name", "endpoint", "rps", "timeout", "active", "signed", "queue_count")
-    list_filter = ("active",)
+    list_display = ("name", "endpoint", "rps", "timeout", "state", "signed", "queue_count")
+    list_filter = (WorkerStateFilter,)
+    actions = pausing.WORKER_ACTIONS
     search_fields = ("name", "endpoint")
     readonly_fields = ("id", "created_at")
     fieldsets = (
@@ -74,6 +116,29 @@ class WorkerAdmin(admin.ModelAdmin):
             )
         return fieldsets
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        refuse_unpermitted(self, request, pausing.WORKER_ACTIONS)
+        return super().changelist_view(request, extra_context)
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return pausing.can_pause_workers(request)
+
+    @admin.action(permissions=["pause"], description=_("Pause selected workers"))
+    def pause_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        pausing.set_paused(self, request, queryset, True)
+
+    @admin.action(permissions=["pause"], description=_("Resume selected workers"))
+    def resume_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        pausing.set_paused(self, request, queryset, False)
+
+    @admin.display(description=_("state"), ordering="active")
+    def state(self, obj: Worker) -> SafeString:
+        state = pausing.worker_state(obj)
+        title = _("Its queues are not dispatched.") if state == "paused" else ""
+        return pausing.badge(state, title)
+
     @admin.display(boolean=True, description=_("signed"))
     def signed(self, obj: Worker) -> bool:
         return bool(obj.secret)
@@ -91,15 +156,16 @@ class QueueAdmin(admin.ModelAdmin):
         "binding_key",
         "worker",
         "max_retries",
-        "paused",
+        "state",
         "pending",
         "dead_letters",
     )
-    list_filter = ("paused", "worker")
+    list_filter = (QueueStateFilter, "worker")
+    # The state column reads the worker's `active` from this join: no query per row.
     list_select_related = ("worker",)
     search_fields = ("name", "binding_key")
     readonly_fields = ("pattern", "sql_views", "id", "created_at")
-    actions = ("pause", "resume", "requeue_dead_letters")
+    actions = (*pausing.QUEUE_ACTIONS, "requeue_dead_letters")
     fieldsets = (
         (None, {"fields": ("name", "binding_key", "pattern", "worker", "paused")}),
         (
@@ -163,29 +229,32 @@ class QueueAdmin(admin.ModelAdmin):
             dead_view,
         )
 
-    @admin.action(description=_("Pause the selected queues (deliveries wait)"))
-    def pause(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._set_paused(request, queryset, True)
+    @admin.display(description=_("state"), ordering="paused")
+    def state(self, obj: Queue) -> SafeString:
+        state = pausing.queue_state(obj)
+        titles: dict[str, StrOrPromise] = {
+            "running": "",
+            "paused": _("Its deliveries wait until the queue is resumed."),
+            "worker paused": _("Its worker %(worker)s is paused: its deliveries wait.")
+            % {"worker": obj.worker.name},
+        }
+        return pausing.badge(state, titles[state])
 
-    @admin.action(description=_("Resume the selected queues"))
-    def resume(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._set_paused(request, queryset, False)
+    @admin.action(permissions=["pause"], description=_("Pause selected queues"))
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        pausing.set_paused(self, request, queryset, True)
 
-    def _set_paused(self, request: HttpRequest, queryset: QuerySet, paused: bool) -> None:
-        # .update() skips the annotations and runs one statement; the row triggers still
-        # fire, so the SQL views stay right.
-        n = queryset.exclude(paused=paused).update(paused=paused)
-        text = (
-            ngettext("%d queue paused.", "%d queues paused.", n)
-            if paused
-            else ngettext("%d queue resumed.", "%d queues resumed.", n)
-        )
-        self.message_user(request, text % n, messages.SUCCESS)
+    @admin.action(permissions=["pause"], description=_("Resume selected queues"))
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        pausing.set_paused(self, request, queryset, False)
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return pausing.can_pause_queues(request)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        dead_letters.refuse_unpermitted(self, request, ["requeue_dead_letters"])
+        refuse_unpermitted(self, request, [*pausing.QUEUE_ACTIONS, "requeue_dead_letters"])
         return super().changelist_view(request, extra_context)
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:

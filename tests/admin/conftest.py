@@ -11,6 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+# The end-to-end tests of the admin's actions run a dispatcher too.
+from tests.dispatch.conftest import dispatch  # noqa: F401
+
 
 def url(name: str, *args: Any) -> str:
     return reverse(f"admin:pgmb_{name}", args=args)

@@ -63,7 +63,7 @@ def test_changelist_shows_pending_and_dead_letter_counts(admin_client, make_work
         "binding_key": "order.*",
         "worker": "shop",
         "max_retries": "2",
-        "paused": "",
+        "state": "running",
         "pending": "2",
         "dead_letters": "1",
     }
@@ -82,17 +82,23 @@ def test_changelist_shows_pending_and_dead_letter_counts(admin_client, make_work
     assert audit.paused
 
 
-def test_changelist_filters_by_paused_and_worker(admin_client, make_worker, make_queue):
+def test_changelist_filters_by_state_and_worker(admin_client, make_worker, make_queue):
     shop = make_worker("shop")
+    idle = make_worker("idle", active=False)
     make_queue("#", name="running", worker=shop)
     make_queue("#", name="stopped", worker=shop, paused=True)
     make_queue("#", name="elsewhere", paused=True)
+    make_queue("#", name="waiting", worker=idle)
+    make_queue("#", name="both", worker=idle, paused=True)
 
-    paused = admin_client.get(url("queue_changelist"), {"paused__exact": "1"})
-    of_shop = admin_client.get(url("queue_changelist"), {"worker__id__exact": str(shop.pk)})
+    def names(**params):
+        response = admin_client.get(url("queue_changelist"), params)
+        return sorted(cells(r)["name"] for r in table_rows(response))
 
-    assert sorted(cells(r)["name"] for r in table_rows(paused)) == ["elsewhere", "stopped"]
-    assert sorted(cells(r)["name"] for r in table_rows(of_shop)) == ["running", "stopped"]
+    assert names(state="paused") == ["both", "elsewhere", "stopped"]
+    assert names(state="running") == ["running"]
+    assert names(state="worker_paused") == ["waiting"]
+    assert names(worker__id__exact=str(shop.pk)) == ["running", "stopped"]
 
 
 def test_add_form_creates_the_queue_its_pattern_and_views(admin_client, make_worker, sql):
@@ -205,36 +211,6 @@ def test_changing_the_binding_recompiles_the_pattern(admin_client, make_queue):
     assert form_errors(response) == {}
     queue.refresh_from_db()
     assert (queue.binding_key, queue.pattern) == ("#.eu", r"^(?:\.[^.]*)*\.eu$")
-
-
-def test_pause_and_resume_actions(admin_client, make_queue):
-    a, b, c = (make_queue("#", name=n) for n in ("qa", "qb", "qc"))
-
-    response = admin_client.post(
-        url("queue_changelist"),
-        {"action": "pause", "_selected_action": [str(a.pk), str(b.pk)]},
-        follow=True,
-    )
-
-    assert "2 queues paused." in response.content.decode()
-    assert dict(Queue.objects.values_list("name", "paused")) == {
-        "qa": True,
-        "qb": True,
-        "qc": False,
-    }
-
-    response = admin_client.post(
-        url("queue_changelist"),
-        {"action": "resume", "_selected_action": [str(a.pk), str(c.pk)]},
-        follow=True,
-    )
-
-    assert "1 queue resumed." in response.content.decode()
-    assert dict(Queue.objects.values_list("name", "paused")) == {
-        "qa": False,
-        "qb": True,
-        "qc": False,
-    }
 
 
 def test_changelist_queries_do_not_grow_with_rows(

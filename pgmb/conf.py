@@ -34,6 +34,9 @@ class Settings:
     DISPATCH_GIVE_UP: float = 30.0
     #: How much of a failed response's body is kept in the history, in bytes.
     RESPONSE_BODY_LIMIT: int = 500
+    #: A bearer token that may read ``/metrics`` (``Authorization: Bearer <token>``); empty:
+    #: only logged-in staff users may. At least 16 printable ASCII characters, no blanks.
+    METRICS_TOKEN: str = ""
 
     @cached_property
     def json_encoder(self) -> type:
@@ -45,6 +48,8 @@ _ACCEPTS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": 
 _KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(Settings)}
 _TYPES: dict[str, tuple[type, ...]] = {name: _ACCEPTS[kind] for name, kind in _KINDS.items()}
 _cache: Settings | None = None
+#: The shortest METRICS_TOKEN accepted: a bearer token is a password.
+METRICS_TOKEN_MIN_LENGTH = 16
 #: Settings that existed once, and where their job went.
 _REMOVED = {
     **dict.fromkeys(
@@ -87,6 +92,21 @@ def errors(raw: Any) -> list[str]:
     for key in ("DISPATCH_POLL_INTERVAL", "DISPATCH_RECLAIM_INTERVAL", "DISPATCH_GIVE_UP"):
         if not problems and raw.get(key, 1) <= 0:
             problems.append(f"PGMB[{key!r}] must be positive")
+    token = raw.get("METRICS_TOKEN", "")
+    if (
+        not problems
+        and token
+        and not (
+            len(token) >= METRICS_TOKEN_MIN_LENGTH
+            and token.isascii()
+            and token.isprintable()
+            and " " not in token
+        )
+    ):
+        problems.append(
+            f"PGMB['METRICS_TOKEN'] must be empty (no bearer access) or at least "
+            f"{METRICS_TOKEN_MIN_LENGTH} printable ASCII characters without blanks"
+        )
     return problems
 
 

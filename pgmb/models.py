@@ -427,6 +427,13 @@ class Attempt(models.Model):
         indexes = [
             models.Index(fields=["message", "queue"], name="pgmb_attempt_message_queue"),
             models.Index(fields=["created_at"], name="pgmb_attempt_created"),
+            # Acknowledged attempts per queue: pgmb.metrics' total_messages and a worker's
+            # last success (created by migration 0006's SQL, see docs/decisions.md).
+            models.Index(
+                fields=["queue", "created_at"],
+                name="pgmb_attempt_acked",
+                condition=models.Q(outcome="ack"),
+            ),
         ]
 
     def __str__(self) -> str:

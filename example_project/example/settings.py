@@ -91,4 +91,7 @@ PGMB = {
     "DISPATCH_GIVE_UP": 30.0,
     # Bytes of a failed response's body kept in the attempt log.
     "RESPONSE_BODY_LIMIT": 500,
+    # Lets Prometheus read /metrics with `Authorization: Bearer <token>` (empty: only
+    # logged-in staff users may); 16 or more printable ASCII characters, no blanks.
+    "METRICS_TOKEN": os.environ.get("PGMB_METRICS_TOKEN", ""),
 }

@@ -235,6 +235,45 @@ CREATE TYPE pgmb.http_outcome AS (
 );
 
 --
+-- Name: queue_metrics; Type: TYPE; Schema: pgmb; Owner: -
+--
+
+CREATE TYPE pgmb.queue_metrics AS (
+	queue_name text,
+	queue_length bigint,
+	queue_visible_length bigint,
+	newest_msg_age_sec double precision,
+	oldest_msg_age_sec double precision,
+	total_messages bigint,
+	leased bigint,
+	retrying bigint,
+	dead_letters bigint,
+	delivered_last_hour bigint,
+	failed_last_hour bigint,
+	paused boolean,
+	scrape_time timestamp with time zone
+);
+
+--
+-- Name: worker_metrics; Type: TYPE; Schema: pgmb; Owner: -
+--
+
+CREATE TYPE pgmb.worker_metrics AS (
+	worker_name text,
+	active boolean,
+	requests_last_hour bigint,
+	successes_last_hour bigint,
+	success_rate double precision,
+	p95_latency_ms double precision,
+	last_success_at timestamp with time zone,
+	last_error_status integer,
+	last_error text,
+	last_error_at timestamp with time zone,
+	consecutive_failures bigint,
+	scrape_time timestamp with time zone
+);
+
+--
 -- Name: ack(bigint[], integer[], double precision[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -777,6 +816,71 @@ END $_$;
 CREATE FUNCTION pgmb.matches(binding_key text, routing_key text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT ('.' || pgmb.check_routing_key(routing_key)) ~ pgmb.compile_binding(binding_key) $$;
+
+--
+-- Name: metrics(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.metrics(queue_name text) RETURNS pgmb.queue_metrics
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    result pgmb.queue_metrics;
+BEGIN
+    SELECT * INTO result FROM pgmb.metrics_all() AS m WHERE m.queue_name = metrics.queue_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_nullable(metrics.queue_name)
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'SELECT name FROM pgmb_queue lists the queues; pgmb.metrics_all() gives them all.';
+    END IF;
+    RETURN result;
+END $$;
+
+--
+-- Name: metrics_all(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT q.name::text,
+           r.n + coalesce(l.n, 0),
+           r.due,
+           extract(epoch FROM now() - greatest(r.newest, l.newest))::float8,
+           extract(epoch FROM now() - r.oldest_due)::float8,
+           r.n + coalesce(l.n, 0) + x.n + a.n,
+           coalesce(l.n, 0),
+           r.retrying,
+           x.n,
+           coalesce(h.delivered, 0),
+           coalesce(h.failed, 0),
+           q.paused,
+           now()
+    FROM pgmb_queue q
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n,
+               count(*) FILTER (WHERE d.available_at <= now()) AS due,
+               count(*) FILTER (WHERE d.attempts > 0) AS retrying,
+               max(d.created_at) AS newest,
+               min(d.created_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+        FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready'
+    ) r
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM pgmb_dead_letter x WHERE x.queue_id = q.id) x
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgmb_attempt a WHERE a.queue_id = q.id AND a.outcome = 'ack'
+    ) a
+    LEFT JOIN (
+        SELECT d.queue_id, count(*) AS n, max(d.created_at) AS newest
+        FROM pgmb_delivery d WHERE d.state = 'leased' GROUP BY d.queue_id
+    ) l ON l.queue_id = q.id
+    LEFT JOIN (
+        SELECT a.queue_id,
+               count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
+               count(*) FILTER (WHERE a.outcome <> 'ack') AS failed
+        FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
+    ) h ON h.queue_id = q.id
+    ORDER BY q.name
+$$;
 
 --
 -- Name: next_wakeup(text[]); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -1396,6 +1500,61 @@ BEGIN
 END $$;
 
 --
+-- Name: worker_metrics(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.worker_metrics() RETURNS SETOF pgmb.worker_metrics
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT w.name::text,
+           w.active,
+           coalesce(h.requests, 0),
+           coalesce(h.successes, 0),
+           h.successes::float8 / nullif(h.requests, 0),
+           h.p95,
+           s.at,
+           e.status_code,
+           e.error,
+           e.created_at,
+           coalesce(f.n, 0),
+           now()
+    FROM pgmb_worker w
+    LEFT JOIN (
+        SELECT q.worker_id,
+               count(*) AS requests,
+               count(*) FILTER (WHERE a.outcome = 'ack') AS successes,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE a.created_at > now() - interval '1 hour'
+        GROUP BY q.worker_id
+    ) h ON h.worker_id = w.id
+    LEFT JOIN LATERAL (
+        SELECT max(a.created_at) AS at
+        FROM pgmb_queue q
+        CROSS JOIN LATERAL (
+            SELECT a.created_at FROM pgmb_attempt a
+            WHERE a.queue_id = q.id AND a.outcome = 'ack'
+            ORDER BY a.created_at DESC LIMIT 1
+        ) a
+        WHERE q.worker_id = w.id
+    ) s ON true
+    LEFT JOIN LATERAL (
+        SELECT a.status_code, a.error, a.created_at
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE q.worker_id = w.id AND a.outcome <> 'ack'
+          AND a.created_at > now() - interval '24 hours'
+        ORDER BY a.created_at DESC, a.id DESC LIMIT 1
+    ) e ON true
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS n
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE q.worker_id = w.id AND a.outcome <> 'ack'
+          AND a.created_at > greatest(s.at, now() - interval '24 hours')
+    ) f ON true
+    ORDER BY w.name
+$$;
+
+--
 -- Name: dead_letter_entries; Type: VIEW; Schema: pgmb; Owner: -
 --
 
@@ -1726,6 +1885,12 @@ ALTER TABLE ONLY public.pgmb_worker
 
 ALTER TABLE ONLY public.pgmb_worker
     ADD CONSTRAINT pgmb_worker_pkey PRIMARY KEY (id);
+
+--
+-- Name: pgmb_attempt_acked; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_attempt_acked ON public.pgmb_attempt USING btree (queue_id, created_at) WHERE ((outcome)::text = 'ack'::text);
 
 --
 -- Name: pgmb_attempt_created; Type: INDEX; Schema: public; Owner: -

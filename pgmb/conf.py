@@ -32,6 +32,9 @@ class Settings:
     #: Seconds `pgmb_dispatch --until-idle` keeps trying to reach an unreachable database
     #: before it exits with an error (a dispatcher without --until-idle never gives up).
     DISPATCH_GIVE_UP: float = 30.0
+    #: Seconds between a dispatcher's heartbeats (pgmb.dispatchers). At most 20: one
+    #: without a heartbeat for 60 s is shown as gone (pgmb.dispatchers.GONE_AFTER).
+    DISPATCH_HEARTBEAT_INTERVAL: float = 5.0
     #: How much of a failed response's body is kept in the history, in bytes.
     RESPONSE_BODY_LIMIT: int = 500
     #: A bearer token that may read ``/metrics`` (``Authorization: Bearer <token>``); empty:
@@ -50,6 +53,9 @@ _TYPES: dict[str, tuple[type, ...]] = {name: _ACCEPTS[kind] for name, kind in _K
 _cache: Settings | None = None
 #: The shortest METRICS_TOKEN accepted: a bearer token is a password.
 METRICS_TOKEN_MIN_LENGTH = 16
+
+#: A third of the 60 s after which a silent dispatcher is shown as gone (pgmb.dispatchers).
+MAX_HEARTBEAT_INTERVAL = 20.0
 #: Settings that existed once, and where their job went.
 _REMOVED = {
     **dict.fromkeys(
@@ -89,7 +95,12 @@ def errors(raw: Any) -> list[str]:
     for key in ("SEND_BATCH_SIZE", "DISPATCH_CONCURRENCY", "DISPATCH_BATCH"):
         if not problems and raw.get(key, 1) < 1:
             problems.append(f"PGMB[{key!r}] must be at least 1")
-    for key in ("DISPATCH_POLL_INTERVAL", "DISPATCH_RECLAIM_INTERVAL", "DISPATCH_GIVE_UP"):
+    for key in (
+        "DISPATCH_POLL_INTERVAL",
+        "DISPATCH_RECLAIM_INTERVAL",
+        "DISPATCH_GIVE_UP",
+        "DISPATCH_HEARTBEAT_INTERVAL",
+    ):
         if not problems and raw.get(key, 1) <= 0:
             problems.append(f"PGMB[{key!r}] must be positive")
     token = raw.get("METRICS_TOKEN", "")
@@ -106,6 +117,11 @@ def errors(raw: Any) -> list[str]:
         problems.append(
             f"PGMB['METRICS_TOKEN'] must be empty (no bearer access) or at least "
             f"{METRICS_TOKEN_MIN_LENGTH} printable ASCII characters without blanks"
+        )
+    if not problems and raw.get("DISPATCH_HEARTBEAT_INTERVAL", 1) > MAX_HEARTBEAT_INTERVAL:
+        problems.append(
+            f"PGMB['DISPATCH_HEARTBEAT_INTERVAL'] must be at most {MAX_HEARTBEAT_INTERVAL:g} "
+            "seconds (a dispatcher without a heartbeat for 60 s is shown as gone)"
         )
     return problems
 

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pgtrigger
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from . import routing, sql
@@ -438,3 +440,44 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_id} #{self.attempt} {self.outcome}"
+
+
+class DispatcherProcess(models.Model):
+    """A dispatcher that registered itself: running, gone (no heartbeat for a while) or
+    stopped. Rows are written only through ``pgmb.dispatcher_start``, ``_beat`` and
+    ``_stop`` (``pgmb.dispatchers``); its state comes from ``pgmb.dispatcher_state``."""
+
+    class Kind(models.TextChoices):
+        EXTERNAL = "external", _("external (pgmb_dispatch)")
+        IN_DATABASE = "in_database", _("in the database (dispatch_loop)")
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    #: The machine of an external dispatcher; the server's address for the in-database loop.
+    host = models.CharField(max_length=255, blank=True, default="", db_default="")
+    #: The process id; for the in-database loop, its backend's (pg_backend_pid()).
+    pid = models.IntegerField(_("pid"))
+    #: The queues it dispatches; NULL: all of them.
+    queues = ArrayField(models.TextField(), null=True, blank=True)
+    started_at = models.DateTimeField(_("started"), db_default=Now())
+    heartbeat_at = models.DateTimeField(_("last heartbeat"), db_default=Now())
+    #: NULL while it runs (or until it is found gone).
+    stopped_at = models.DateTimeField(_("stopped"), null=True, blank=True)
+    #: Counters as of the last heartbeat (delivered and failed since it started).
+    in_flight = models.IntegerField(_("in flight"), default=0, db_default=0)
+    delivered = models.BigIntegerField(default=0, db_default=0)
+    failed = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        db_table = "pgmb_dispatcher"
+        verbose_name = _("dispatcher")
+        ordering = ["-started_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(kind="external") | models.Q(kind="in_database"),
+                name="pgmb_dispatcher_kind",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.host} {self.pid}"

@@ -47,3 +47,6 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PGMB: dict = {}
+# Subprocess dispatchers of the tests beat faster than the default (tests/dispatch).
+if os.environ.get("PGMB_TEST_HEARTBEAT_INTERVAL"):
+    PGMB["DISPATCH_HEARTBEAT_INTERVAL"] = float(os.environ["PGMB_TEST_HEARTBEAT_INTERVAL"])

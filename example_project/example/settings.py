@@ -89,6 +89,8 @@ PGMB = {
     "DISPATCH_RECLAIM_INTERVAL": 5.0,
     # How long `pgmb_dispatch --until-idle` waits for an unreachable database, in seconds.
     "DISPATCH_GIVE_UP": 30.0,
+    # Seconds between a dispatcher's heartbeats (the admin's Dispatchers list; at most 20).
+    "DISPATCH_HEARTBEAT_INTERVAL": 5.0,
     # Bytes of a failed response's body kept in the attempt log.
     "RESPONSE_BODY_LIMIT": 500,
     # Lets Prometheus read /metrics with `Authorization: Bearer <token>` (empty: only

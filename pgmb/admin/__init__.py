@@ -2,10 +2,11 @@
 
 Workers and queues are edited here (their forms check every rule the database enforces);
 messages, live deliveries, dead letters and the attempt log are read-only views of what
-the broker did. Importing this package registers the ModelAdmins (Django's admin
-autodiscovery does it).
+the broker did, and the dispatchers list shows who does it. Importing this package
+registers the ModelAdmins (Django's admin autodiscovery does it).
 """
 
+from .dispatchers import DispatcherAdmin
 from .messages import AttemptAdmin, DeadLetterAdmin, DeliveryAdmin, MessageAdmin
 from .topology import QueueAdmin, WorkerAdmin
 
@@ -13,6 +14,7 @@ __all__ = [
     "AttemptAdmin",
     "DeadLetterAdmin",
     "DeliveryAdmin",
+    "DispatcherAdmin",
     "MessageAdmin",
     "QueueAdmin",
     "WorkerAdmin",

@@ -15,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import deliveries
+from .. import deliveries, dispatchers
 from ..deliveries import Claimed, Failure, Success
 from .client import Outcome, new_session, post
 from .database import Database, Unavailable, listen
@@ -54,6 +56,8 @@ class Options:
     #: (None: keep trying; a dispatcher that runs as a service should).
     give_up_after: float | None = None
     body_limit: int = 500
+    #: Seconds between heartbeats in pgmb_dispatcher (what pgmb.dispatchers shows).
+    heartbeat_interval: float = 5.0
 
 
 @dataclass
@@ -108,6 +112,8 @@ class Dispatcher:
         self._fails: list[Failure] = []
         self._pacers: dict[str, Pacer] = {}
         self._closing = False
+        #: This dispatcher's row in pgmb_dispatcher, once registered.
+        self.registration: int | None = None
 
     def stop(self) -> None:
         """Stop claiming; in-flight requests finish, unstarted ones are released."""
@@ -151,6 +157,7 @@ class Dispatcher:
                 )
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+            await self._unregister()
             await self._session.close()
             await self._claims.close()
             await self._outcomes_db.close()
@@ -166,11 +173,14 @@ class Dispatcher:
         opts = self.options
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + opts.max_seconds if opts.max_seconds else None
-        next_reclaim = 0.0
+        next_reclaim = next_beat = 0.0
         while not self._stopping.is_set():
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return
+            if now >= next_beat:
+                await self._beat()
+                next_beat = now + opts.heartbeat_interval
             # Cleared before claiming: a NOTIFY that arrives during the claim still wakes us.
             self._wake.clear()
             if now >= next_reclaim:
@@ -209,7 +219,56 @@ class Dispatcher:
                     timeout = min(timeout, max(wake_in, 0.001))
             if deadline is not None:
                 timeout = min(timeout, max(deadline - time.monotonic(), 0))
+            timeout = min(timeout, max(next_beat - time.monotonic(), 0.001))
             await self._sleep(timeout)
+
+    async def _beat(self) -> None:
+        """Register, or record a heartbeat with the counters (register again if the row
+        went: removed by maintenance after a long outage).
+
+        Never a reason to stop: an outage is waited out as for a claim (``Database.run``),
+        and anything the database refuses (say, not migrated yet) is logged and tried again
+        at the next beat.
+        """
+        stats = self.stats
+        try:
+            if self.registration is not None and await self._claims.run(
+                dispatchers.beat_call(
+                    self.registration, len(self._inflight), stats.delivered, stats.failed
+                )
+            ):
+                return
+            self.registration = await self._claims.run(
+                dispatchers.start_call(
+                    dispatchers.EXTERNAL, socket.gethostname(), os.getpid(), self.options.queues
+                )
+            )
+            log.info("registered as dispatcher id=%d", self.registration)
+        except Unavailable:
+            raise
+        except Exception as exc:
+            log.error(
+                "could not record a heartbeat (%s: %s); trying again later",
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )
+
+    async def _unregister(self) -> None:
+        """Mark this dispatcher stopped (best effort: if the database is away it will be
+        shown as gone instead)."""
+        if self.registration is None:
+            return
+        try:
+            await self._claims.run(
+                dispatchers.stop_call(self.registration, self.stats.delivered, self.stats.failed)
+            )
+        except Exception as exc:
+            log.warning(
+                "could not mark dispatcher id=%d stopped (%s: %s)",
+                self.registration,
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )
 
     async def _claim_side(self, call: deliveries.Call[T], refused: T) -> T:
         """Run a reclaim or a claim; one the database refuses (not an outage, which

@@ -42,11 +42,11 @@ def spawn(transactional_db) -> Iterator[Callable[..., subprocess.Popen]]:
         "PGMB_DB_NAME": connection.settings_dict["NAME"],
     }
 
-    def start(*args: str) -> subprocess.Popen:
+    def start(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         proc = subprocess.Popen(
             [sys.executable, "-m", "django", "pgmb_dispatch", *args],
             cwd=ROOT,
-            env=env,
+            env={**env, **(extra_env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 import pgmb
-from pgmb.models import Attempt, Delivery, Worker
+from pgmb.models import Attempt, Delivery, DispatcherProcess, Worker
 from tests.httpserver import reply
 from tests.waiting import wait_until
 
@@ -164,7 +164,12 @@ def test_database_restart_during_dispatch_loses_nothing(
         "#", worker=make_worker(endpoint=recording_server.url(), rps=100_000), lease_seconds=5
     )
     ids = pgmb.send_batch(("k", n) for n in range(400))
-    proc = spawn("--until-idle", "--concurrency", "8", "--batch", "8", "--poll-interval", "0.2")
+    # Heartbeats every 0.2 s: some fall in the outage, and must not stop it.
+    proc = spawn(
+        "--until-idle",
+        *["--concurrency", "8", "--batch", "8", "--poll-interval", "0.2"],
+        extra_env={"PGMB_TEST_HEARTBEAT_INTERVAL": "0.2"},
+    )
     wait_until(lambda: len(recording_server.requests) >= 50, message="deliveries to start")
     connection.close()
     script = Path(__file__).resolve().parents[2] / "scripts" / "pgcluster.sh"
@@ -176,6 +181,9 @@ def test_database_restart_during_dispatch_loses_nothing(
     received = {r.headers["pgmb-message-id"] for r in recording_server.requests}
     assert received == {str(i) for i in ids}
     assert not Delivery.objects.exists()
+    # It registered once, beat through the outage and said it stopped.
+    [registration] = DispatcherProcess.objects.filter(pid=proc.pid)
+    assert registration.stopped_at is not None and registration.delivered >= len(ids)
 
 
 @pytest.mark.skipif(not os.environ.get("PGMB_CLUSTER_DIR"), reason="needs the throwaway cluster")

@@ -7,6 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import pgmb
+from pgmb import dispatchers
 from pgmb.models import Delivery
 from tests.waiting import wait_until
 
@@ -74,6 +75,13 @@ def test_pg_cron_runs_the_dispatcher(cron, recording_server, make_worker, make_q
         "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CALL pgmb.dispatch_loop%%'"
     ).fetchall()
     assert loops == 1  # the job's loop is visible (the fixture then checks it stops)
+    # ...and registered as a dispatcher, running.
+    wait_until(
+        lambda: any(
+            d.kind == "in_database" and d.state == "running" for d in dispatchers.dispatchers()
+        ),
+        message="the job's loop to show as a running dispatcher",
+    )
 
 
 def test_maintenance_reclaims_and_trims(cron, make_queue):

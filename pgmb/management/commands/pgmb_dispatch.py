@@ -103,6 +103,7 @@ class Command(BaseCommand):
             give_up_after=opts["give_up_after"]
             or (settings.DISPATCH_GIVE_UP if opts["until_idle"] else None),
             body_limit=settings.RESPONSE_BODY_LIMIT,
+            heartbeat_interval=settings.DISPATCH_HEARTBEAT_INTERVAL,
         )
         dispatcher = Dispatcher(conninfo_from_django(settings.DATABASE), options)
         try:

@@ -1,5 +1,5 @@
 """The typed API over the delivery state machine: claim, ack, fail, release, reclaim,
-requeue, purge.
+requeue, purge, replay.
 
 Every transition is one SQL function of schema ``pgmb`` (the single implementation both
 dispatchers share), called here once, with named parameters, from
@@ -187,6 +187,20 @@ def purge_queue_dead_letters_call(queue: str) -> Call[int]:
     return Call(_statement("purge_queue_dead_letters"), {"queue": queue}, _count)
 
 
+def _message_ids(ids: uuid.UUID | str | Iterable[uuid.UUID | str]) -> list[uuid.UUID]:
+    if isinstance(ids, uuid.UUID | str):
+        ids = [ids]
+    return [i if isinstance(i, uuid.UUID) else uuid.UUID(str(i)) for i in ids]
+
+
+def replay_call(
+    message_ids: uuid.UUID | str | Iterable[uuid.UUID | str], queues: Iterable[str] | None = None
+) -> Call[int]:
+    return Call(
+        _statement("replay"), {"ids": _message_ids(message_ids), "queues": _queues(queues)}, _count
+    )
+
+
 def next_wakeup_call(queues: Iterable[str] | None = None) -> Call[float | None]:
     return Call(_statement("next_wakeup"), {"queues": _queues(queues)}, _scalar)
 
@@ -265,6 +279,21 @@ def purge_dead_letters(dead_letter_ids: int | Iterable[int], *, using: str | Non
 def purge_queue_dead_letters(queue: str, *, using: str | None = None) -> int:
     """Delete every dead letter of ``queue``; returns how many."""
     return run(purge_queue_dead_letters_call(queue), using)
+
+
+def replay(
+    message_ids: uuid.UUID | str | Iterable[uuid.UUID | str],
+    queues: Iterable[str] | None = None,
+    *,
+    using: str | None = None,
+) -> int:
+    """Deliver messages (one id or many) again to the queues that acknowledged them.
+
+    One new delivery per (message, queue that acked it), due now, attempts from 0; only
+    ``queues`` when given. A queue where the message is live or dead right now is skipped.
+    Returns how many deliveries were created.
+    """
+    return run(replay_call(message_ids, queues), using)
 
 
 def next_wakeup(queues: Iterable[str] | None = None, *, using: str | None = None) -> float | None:

@@ -156,7 +156,10 @@ class Worker(models.Model):
         db_table = "pgmb_worker"
         ordering = ["name"]
         # Pausing is not "change": the admin's pause and resume actions are granted this.
-        permissions = [("pause_worker", "Can pause and resume workers")]
+        permissions = [
+            ("pause_worker", "Can pause and resume workers"),
+            ("test_worker", "Can send a test request to workers"),
+        ]
         triggers = [
             _trigger(
                 "worker_validate",
@@ -279,6 +282,10 @@ class Message(models.Model):
     class Meta:
         db_table = "pgmb_message"
         ordering = ["-created_at"]
+        # Replaying re-sends to live endpoints: granted by this, not by "change".
+        permissions = [
+            ("replay_message", "Can replay messages to the queues that acknowledged them")
+        ]
         triggers = [
             _trigger(
                 "route_messages",

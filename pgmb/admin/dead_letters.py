@@ -82,8 +82,12 @@ def confirmation_page(
     items: Sequence[str],
     selected: Iterable[Any],
     yes: str,
+    items_title: str = "",
 ) -> TemplateResponse:
-    """Ask before ``action``; "Yes" posts it again, for the same selection, with post=yes."""
+    """Ask before ``action``; "Yes" posts it again, for the same selection, with post=yes.
+
+    ``items`` are listed under ``items_title`` (by default "Dead letters").
+    """
     opts = model_admin.model._meta
     context = {
         **model_admin.admin_site.each_context(request),
@@ -93,6 +97,7 @@ def confirmation_page(
         "question": question,
         "groups": groups,
         "items": items[:LISTED],
+        "items_title": items_title or _("Dead letters"),
         "more": max(len(items) - LISTED, 0),
         "action": action,
         "selected": [str(pk) for pk in selected],

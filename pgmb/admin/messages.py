@@ -1,7 +1,8 @@
 """Messages, and what became of them: live deliveries, dead letters, the attempt log.
 
 All of it is read-only here: rows move only through pgmb's SQL state machine. Dead letters
-can be requeued and purged by actions (see :mod:`pgmb.admin.dead_letters`), which call it.
+can be requeued and purged by actions (see :mod:`pgmb.admin.dead_letters`), and messages
+replayed (see :mod:`pgmb.admin.replay`), which call it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Attempt, DeadLetter, Delivery, Message, Queue
-from . import dead_letters
+from . import dead_letters, replay
 from .common import (
     MessageIdSearchMixin,
     ReadOnlyInline,
@@ -165,9 +166,28 @@ class MessageAdmin(MessageIdSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
     )
     readonly_fields = fields
     inlines = (DeliveryInline, DeadLetterInline, AttemptInline)
+    actions = replay.ACTIONS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).annotate(is_routed=routed())
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        refuse_unpermitted(self, request, replay.ACTIONS)
+        return super().changelist_view(request, extra_context)
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return replay.can_replay(request)
+
+    @admin.action(
+        permissions=["replay"],
+        description=_("Replay selected messages to the queues that acknowledged them"),
+    )
+    def replay_messages(
+        self, request: HttpRequest, queryset: QuerySet[Message]
+    ) -> TemplateResponse | None:
+        return replay.replay_messages(self, request, queryset)
 
     @admin.display(boolean=True, description=_("routed"), ordering="is_routed")
     def is_routed(self, obj: WithAnnotations[Message, _Routed]) -> bool:

@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import routing
 from ..models import DeadLetter, Delivery, Queue, Worker
-from . import dead_letters, pausing
+from . import dead_letters, pausing, worker_test
 from .common import refuse_unpermitted
 from .forms import WorkerForm
 
@@ -94,7 +94,7 @@ class WorkerAdmin(admin.ModelAdmin):
     form = WorkerForm
     list_display = ("name", "endpoint", "rps", "timeout", "state", "signed", "queue_count")
     list_filter = (WorkerStateFilter,)
-    actions = pausing.WORKER_ACTIONS
+    actions = (*pausing.WORKER_ACTIONS, worker_test.send_test_requests)
     search_fields = ("name", "endpoint")
     readonly_fields = ("id", "created_at")
     fieldsets = (
@@ -119,11 +119,14 @@ class WorkerAdmin(admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        refuse_unpermitted(self, request, pausing.WORKER_ACTIONS)
+        refuse_unpermitted(self, request, (*pausing.WORKER_ACTIONS, *worker_test.ACTIONS))
         return super().changelist_view(request, extra_context)
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return pausing.can_pause_workers(request)
+
+    def has_test_permission(self, request: HttpRequest) -> bool:
+        return worker_test.can_test(request)
 
     @admin.action(permissions=["pause"], description=_("Pause selected workers"))
     def pause_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:

@@ -40,3 +40,6 @@ SELECT pgmb.next_wakeup(queue_names => %(queues)s)
 
 -- name: busy
 SELECT pgmb.busy(queue_names => %(queues)s)
+
+-- name: replay
+SELECT pgmb.replay(message_ids => %(ids)s::uuid[], queue_names => %(queues)s::text[])

@@ -1,0 +1,37 @@
+-- pgmb 0009: replay delivered messages. An operator sends messages again to the queues that
+-- acknowledged them before (a worker lost what it had stored, a bug was fixed downstream):
+-- a new ready delivery per (message, queue), due now, attempts from 0. The history stays
+-- as it was: the replayed delivery adds attempts to it.
+
+-- For each of `message_ids`, a new delivery on each queue that acked it (an attempt with
+-- outcome 'ack'), only queues named in `queue_names` when given. A queue where the message
+-- is live (a delivery) or dead (a dead letter) right now is skipped: the unique
+-- (message, queue) constraints allow one of each, and requeueing is for dead letters.
+-- Ids of purged messages, of unknown messages and of deleted queues give nothing.
+-- Returns how many deliveries were created.
+CREATE FUNCTION pgmb.replay(message_ids uuid[], queue_names text[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
+    SELECT acked.message_id, acked.queue_id, 'ready', 0, now(), now()
+    FROM (
+        SELECT DISTINCT a.message_id, a.queue_id
+        FROM pgmb_attempt a
+        WHERE a.message_id = ANY (message_ids) AND a.outcome = 'ack'
+    ) AS acked
+    JOIN pgmb_message m ON m.id = acked.message_id
+    JOIN pgmb_queue q ON q.id = acked.queue_id
+    WHERE (queue_names IS NULL OR q.name = ANY (queue_names))
+      AND NOT EXISTS (SELECT FROM pgmb_dead_letter x
+                      WHERE x.message_id = acked.message_id AND x.queue_id = acked.queue_id)
+    ORDER BY acked.message_id, acked.queue_id
+    ON CONFLICT (message_id, queue_id) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+    RETURN n;
+END $$;

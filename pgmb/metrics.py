@@ -97,9 +97,12 @@ def _rows(statement: str, params: dict[str, Any], using: str | None) -> list[tup
         return list(cursor.fetchall())
 
 
-def queues(using: str | None = None) -> list[QueueMetrics]:
-    """Every queue's metrics, by name."""
-    return [QueueMetrics(*row) for row in _rows(sql.query("metrics.sql", "queues"), {}, using)]
+def queues(using: str | None = None, names: Sequence[str] | None = None) -> list[QueueMetrics]:
+    """Every queue's metrics, by name; only the queues ``names`` lists if given."""
+    if names is None:
+        return [QueueMetrics(*row) for row in _rows(sql.query("metrics.sql", "queues"), {}, using)]
+    statement = sql.query("metrics.sql", "queues_named")
+    return [QueueMetrics(*row) for row in _rows(statement, {"names": list(names)}, using)]
 
 
 def queue(name: str, using: str | None = None) -> QueueMetrics:
@@ -108,9 +111,13 @@ def queue(name: str, using: str | None = None) -> QueueMetrics:
     return QueueMetrics(*row)
 
 
-def workers(using: str | None = None) -> list[WorkerMetrics]:
-    """Every worker's metrics, by name."""
-    return [WorkerMetrics(*row) for row in _rows(sql.query("metrics.sql", "workers"), {}, using)]
+def workers(using: str | None = None, names: Sequence[str] | None = None) -> list[WorkerMetrics]:
+    """Every worker's metrics, by name; only the workers ``names`` lists if given."""
+    if names is None:
+        rows = _rows(sql.query("metrics.sql", "workers"), {}, using)
+    else:
+        rows = _rows(sql.query("metrics.sql", "workers_named"), {"names": list(names)}, using)
+    return [WorkerMetrics(*row) for row in rows]
 
 
 def collect(using: str | None = None) -> Snapshot:

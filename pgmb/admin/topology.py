@@ -16,9 +16,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .. import routing
+from .. import metrics, routing
+from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import DeadLetter, Delivery, Queue, Worker
-from . import dead_letters, pausing, worker_test
+from . import dead_letters, health, pausing, worker_test
 from .common import refuse_unpermitted
 from .forms import WorkerForm
 
@@ -90,9 +91,27 @@ class QueueStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     form = WorkerForm
-    list_display = ("name", "endpoint", "rps", "timeout", "state", "signed", "queue_count")
+    list_display = (
+        "name",
+        "endpoint",
+        "rps",
+        "timeout",
+        "state",
+        "health",
+        "requests_last_hour",
+        "success_rate",
+        "p95_latency",
+        "last_success",
+        "last_error",
+        "consecutive_failures",
+        "signed",
+        "queue_count",
+    )
+    # The health columns: pgmb.worker_metrics() for the page's workers, one query.
+    load_metrics = staticmethod(metrics.workers)
+    metrics_name_field = "worker_name"
     list_filter = (WorkerStateFilter,)
     actions = (*pausing.WORKER_ACTIONS, worker_test.send_test_requests)
     search_fields = ("name", "endpoint")
@@ -142,6 +161,47 @@ class WorkerAdmin(admin.ModelAdmin):
         title = _("Its queues are not dispatched.") if state == "paused" else ""
         return pausing.badge(state, title)
 
+    @admin.display(description=_("health"))
+    def health(self, obj: Worker) -> SafeString | str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        if figures is None:
+            return health.EMPTY
+        return health.health_badge(health.worker_health(figures))
+
+    @admin.display(description=_("requests (1 h)"))
+    def requests_last_hour(self, obj: Worker) -> int | str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.requests_last_hour
+
+    @admin.display(description=_("success (1 h)"))
+    def success_rate(self, obj: Worker) -> str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        if figures is None or figures.success_rate is None:
+            return health.EMPTY
+        return f"{figures.success_rate:.1%}"
+
+    @admin.display(description=_("p95 (1 h)"))
+    def p95_latency(self, obj: Worker) -> str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        if figures is None or figures.p95_latency_ms is None:
+            return health.EMPTY
+        return f"{figures.p95_latency_ms:.1f} ms"
+
+    @admin.display(description=_("last success"))
+    def last_success(self, obj: Worker) -> str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else health.ago(figures.last_success_at)
+
+    @admin.display(description=_("last error (24 h)"))
+    def last_error(self, obj: Worker) -> SafeString | str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else health.error_text(figures)
+
+    @admin.display(description=_("failures in a row"))
+    def consecutive_failures(self, obj: Worker) -> int | str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.consecutive_failures
+
     @admin.display(boolean=True, description=_("signed"))
     def signed(self, obj: Worker) -> bool:
         return bool(obj.secret)
@@ -153,7 +213,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     list_display = (
         "name",
         "binding_key",
@@ -161,8 +221,18 @@ class QueueAdmin(admin.ModelAdmin):
         "max_retries",
         "state",
         "pending",
+        "ready",
+        "delayed",
+        "leased",
+        "retrying",
         "dead_letters",
+        "oldest_due",
+        "delivered_last_hour",
+        "failed_last_hour",
     )
+    # The health columns: pgmb.metrics_all() for the page's queues, one query.
+    load_metrics = staticmethod(metrics.queues)
+    metrics_name_field = "queue_name"
     list_filter = (QueueStateFilter, "worker")
     # The state column reads the worker's `active` from this join: no query per row.
     list_select_related = ("worker",)
@@ -210,6 +280,43 @@ class QueueAdmin(admin.ModelAdmin):
     @admin.display(description=_("pending"), ordering="n_pending")
     def pending(self, obj: WithAnnotations[Queue, _QueueCounts]) -> int:
         return obj.n_pending
+
+    @admin.display(description=_("ready"))
+    def ready(self, obj: Queue) -> int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.queue_visible_length
+
+    @admin.display(description=_("delayed"))
+    def delayed(self, obj: Queue) -> int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        if figures is None:
+            return health.EMPTY
+        return figures.queue_length - figures.queue_visible_length - figures.leased
+
+    @admin.display(description=_("leased"))
+    def leased(self, obj: Queue) -> int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.leased
+
+    @admin.display(description=_("retrying"))
+    def retrying(self, obj: Queue) -> int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.retrying
+
+    @admin.display(description=_("oldest due"))
+    def oldest_due(self, obj: Queue) -> str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else health.age(figures.oldest_msg_age_sec)
+
+    @admin.display(description=_("delivered (1 h)"))
+    def delivered_last_hour(self, obj: Queue) -> int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.delivered_last_hour
+
+    @admin.display(description=_("failed (1 h)"))
+    def failed_last_hour(self, obj: Queue) -> int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.failed_last_hour
 
     @admin.display(description=_("dead letters"), ordering="n_dead_letters")
     def dead_letters(self, obj: WithAnnotations[Queue, _QueueCounts]) -> SafeString | int:

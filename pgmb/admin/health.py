@@ -1,0 +1,152 @@
+"""Health at a glance in the queue and worker lists: the figures of :mod:`pgmb.metrics`.
+
+The columns read ``pgmb.metrics_all()`` and ``pgmb.worker_metrics()`` (through
+:func:`pgmb.metrics.queues` and :func:`pgmb.metrics.workers`), once per changelist page for
+the page's rows: the admin shows the numbers Prometheus scrapes, not a second computation
+of them. :class:`MetricsColumnsMixin` loads them after the page's rows and hangs each
+row's figures on it; the display methods only read that attribute.
+
+A worker's health (docs/decisions.md, "Health in the admin lists"), first match wins:
+
+* **paused**: the worker is not active;
+* **failing**: :data:`FAILING_CONSECUTIVE` or more failures since its last success, or a
+  success rate under :data:`FAILING_RATE` over the last hour with at least
+  :data:`FAILING_MIN_REQUESTS` requests;
+* **idle**: no request in the last hour;
+* **healthy**: otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib.admin.views.main import ChangeList
+from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.timesince import timesince
+from django.utils.translation import gettext_lazy as _
+
+from ..metrics import QueueMetrics, WorkerMetrics
+
+if TYPE_CHECKING:
+    from django.contrib import admin
+
+    _Base = admin.ModelAdmin[Any]
+else:
+    _Base = object
+
+#: Failures since the last success that make a worker failing.
+FAILING_CONSECUTIVE = 3
+#: A success rate over the last hour below this makes a worker failing...
+FAILING_RATE = 0.5
+#: ...when it had at least this many requests in that hour (a few are noise).
+FAILING_MIN_REQUESTS = 10
+#: Characters of the last error shown in the list (the whole text is its title).
+ERROR_CHARS = 60
+
+#: The attribute a row's figures are hung on.
+ATTRIBUTE = "pgmb_metrics"
+
+HEALTH_LABELS = {
+    "healthy": _("healthy"),
+    "failing": _("failing"),
+    "idle": _("idle"),
+    "paused": _("paused"),
+}
+_COLOURS = {
+    "healthy": ("#dff0d8", "#2b542c"),
+    "failing": ("#f2dede", "#a94442"),
+    "idle": ("#eeeeee", "#555555"),
+    "paused": ("#fcf8e3", "#8a6d3b"),
+}
+EMPTY = "-"
+
+
+def worker_health(figures: WorkerMetrics) -> str:
+    """healthy, failing, idle or paused (the rules of this module's docstring)."""
+    if not figures.active:
+        return "paused"
+    if figures.consecutive_failures >= FAILING_CONSECUTIVE:
+        return "failing"
+    if (
+        figures.requests_last_hour >= FAILING_MIN_REQUESTS
+        and figures.success_rate is not None
+        and figures.success_rate < FAILING_RATE
+    ):
+        return "failing"
+    if figures.requests_last_hour == 0:
+        return "idle"
+    return "healthy"
+
+
+def health_badge(state: str, title: str = "") -> SafeString:
+    background, colour = _COLOURS[state]
+    return format_html(
+        '<span class="pgmb-health pgmb-health-{}" title="{}" style="display:inline-block;'
+        "padding:1px 6px;border-radius:8px;font-size:0.85em;white-space:nowrap;"
+        'background:{};color:{}">{}</span>',
+        state,
+        title,
+        background,
+        colour,
+        HEALTH_LABELS[state],
+    )
+
+
+def figures_of(obj: Any) -> Any:
+    """The figures hung on a row, or None (a row rendered outside a changelist page)."""
+    return getattr(obj, ATTRIBUTE, None)
+
+
+def age(seconds: float | None) -> str:
+    """A duration in seconds, short: 45s, 12m, 3h 5m, 2d 4h."""
+    if seconds is None:
+        return EMPTY
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def ago(moment: datetime | None) -> str:
+    return EMPTY if moment is None else _("%(time)s ago") % {"time": timesince(moment)}
+
+
+def error_text(figures: WorkerMetrics) -> SafeString | str:
+    """The last error: status and text, truncated, the whole of it in a title."""
+    if figures.last_error_at is None:
+        return EMPTY
+    status = figures.last_error_status if figures.last_error_status is not None else "-"
+    text = f"{status}: {figures.last_error or ''}".rstrip(": ")
+    return format_html('<span title="{}">{}</span>', text, Truncator(text).chars(ERROR_CHARS))
+
+
+class MetricsColumnsMixin(_Base):
+    """Loads the page's figures once, after the page's rows, and hangs them on the rows."""
+
+    #: Reads the figures of the named rows: pgmb.metrics.queues or .workers (staticmethod).
+    load_metrics: Callable[..., Sequence[QueueMetrics] | Sequence[WorkerMetrics]]
+    #: The figures' field holding the row's name.
+    metrics_name_field: str
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        cl = super().get_changelist_instance(request)
+        # An action's POST redirects or shows its own page: the rows are not shown.
+        if request.method != "POST":
+            rows = list(cl.result_list)  # the page's query, cached for the template
+            if rows:
+                names = [row.name for row in rows]
+                by_name = {
+                    getattr(f, self.metrics_name_field): f for f in self.load_metrics(names=names)
+                }
+                for row in rows:
+                    setattr(row, ATTRIBUTE, by_name.get(row.name))
+        return cl

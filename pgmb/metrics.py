@@ -16,11 +16,14 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from . import conf, sql
+from .deliveries import Call, run
+
+T = TypeVar("T")
 
 #: The Content-Type of the text exposition format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -91,33 +94,37 @@ class Snapshot:
         }
 
 
-def _rows(statement: str, params: dict[str, Any], using: str | None) -> list[tuple[Any, ...]]:
-    with connections[using or conf.get().DATABASE].cursor() as cursor:
-        cursor.execute(statement, params)
-        return list(cursor.fetchall())
+def _records(cls: type[T]) -> Callable[[list[str], list[tuple[Any, ...]]], list[T]]:
+    """A reader that builds ``cls`` records by column name."""
+
+    def read(names: list[str], rows: list[tuple[Any, ...]]) -> list[T]:
+        return [cls(**dict(zip(names, row, strict=True))) for row in rows]
+
+    return read
+
+
+def _read(name: str, params: dict[str, Any], cls: type[T], using: str | None) -> list[T]:
+    return run(Call(sql.query("metrics.sql", name), params, _records(cls)), using)
 
 
 def queues(using: str | None = None, names: Sequence[str] | None = None) -> list[QueueMetrics]:
     """Every queue's metrics, by name; only the queues ``names`` lists if given."""
     if names is None:
-        return [QueueMetrics(*row) for row in _rows(sql.query("metrics.sql", "queues"), {}, using)]
-    statement = sql.query("metrics.sql", "queues_named")
-    return [QueueMetrics(*row) for row in _rows(statement, {"names": list(names)}, using)]
+        return _read("queues", {}, QueueMetrics, using)
+    return _read("queues_named", {"names": list(names)}, QueueMetrics, using)
 
 
 def queue(name: str, using: str | None = None) -> QueueMetrics:
     """One queue's metrics; an unknown name raises the database's error (SQLSTATE 42704)."""
-    (row,) = _rows(sql.query("metrics.sql", "queue"), {"queue": name}, using)
-    return QueueMetrics(*row)
+    (row,) = _read("queue", {"queue": name}, QueueMetrics, using)
+    return row
 
 
 def workers(using: str | None = None, names: Sequence[str] | None = None) -> list[WorkerMetrics]:
     """Every worker's metrics, by name; only the workers ``names`` lists if given."""
     if names is None:
-        rows = _rows(sql.query("metrics.sql", "workers"), {}, using)
-    else:
-        rows = _rows(sql.query("metrics.sql", "workers_named"), {"names": list(names)}, using)
-    return [WorkerMetrics(*row) for row in rows]
+        return _read("workers", {}, WorkerMetrics, using)
+    return _read("workers_named", {"names": list(names)}, WorkerMetrics, using)
 
 
 def collect(using: str | None = None) -> Snapshot:

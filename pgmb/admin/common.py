@@ -118,3 +118,30 @@ def user_id(request: HttpRequest) -> int:
     if pk is None:  # the admin only runs actions for a logged-in staff user
         raise PermissionDenied
     return pk
+
+
+#: Badge tones (background, text), one palette for every state the lists show.
+_TONES = {
+    "good": ("#dff0d8", "#2b542c"),
+    "held": ("#fcf8e3", "#8a6d3b"),
+    "bad": ("#f2dede", "#a94442"),
+    "quiet": ("#eeeeee", "#555555"),
+}
+
+
+def badge(family: str, state: str, label: Any, tone: str, title: Any = "") -> SafeString:
+    """A state as a small coloured label, class ``pgmb-<family> pgmb-<family>-<state>``
+    (plain HTML and an inline style: no stylesheet, no script)."""
+    background, colour = _TONES[tone]
+    return format_html(
+        '<span class="pgmb-{} pgmb-{}-{}" title="{}" style="display:inline-block;'
+        "padding:1px 6px;border-radius:8px;font-size:0.85em;white-space:nowrap;"
+        'background:{};color:{}">{}</span>',
+        family,
+        family,
+        state.replace(" ", "-"),
+        title,
+        background,
+        colour,
+        label,
+    )

@@ -14,19 +14,18 @@ from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import CharField, F, Func, QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..models import DispatcherProcess
-from .common import ReadOnlyMixin
+from .common import ReadOnlyMixin, badge
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
     from django_stubs_ext import StrOrPromise
 
 #: Badge colours of the states.
-_COLOURS = {"running": "#2e7d32", "gone": "#c62828", "stopped": "#757575"}
+_TONES = {"running": "good", "gone": "bad", "stopped": "quiet"}
 
 
 class DispatcherState(Func):
@@ -105,10 +104,4 @@ class DispatcherAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description=_("state"), ordering="stopped_at")
     def state_badge(self, obj: DispatcherProcess) -> SafeString:
         state: str = getattr(obj, "state", "")
-        return format_html(
-            '<span class="pgmb-state pgmb-state-{}" style="color:#fff;background:{};'
-            'padding:1px 6px;border-radius:8px">{}</span>',
-            state,
-            _COLOURS.get(state, "#757575"),
-            state,
-        )
+        return badge("state", state, state, _TONES.get(state, "quiet"))

@@ -31,6 +31,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from ..metrics import QueueMetrics, WorkerMetrics
+from .common import badge
 
 if TYPE_CHECKING:
     from django.contrib import admin
@@ -57,12 +58,7 @@ HEALTH_LABELS = {
     "idle": _("idle"),
     "paused": _("paused"),
 }
-_COLOURS = {
-    "healthy": ("#dff0d8", "#2b542c"),
-    "failing": ("#f2dede", "#a94442"),
-    "idle": ("#eeeeee", "#555555"),
-    "paused": ("#fcf8e3", "#8a6d3b"),
-}
+_TONES = {"healthy": "good", "failing": "bad", "idle": "quiet", "paused": "held"}
 EMPTY = "-"
 
 
@@ -84,17 +80,7 @@ def worker_health(figures: WorkerMetrics) -> str:
 
 
 def health_badge(state: str, title: str = "") -> SafeString:
-    background, colour = _COLOURS[state]
-    return format_html(
-        '<span class="pgmb-health pgmb-health-{}" title="{}" style="display:inline-block;'
-        "padding:1px 6px;border-radius:8px;font-size:0.85em;white-space:nowrap;"
-        'background:{};color:{}">{}</span>',
-        state,
-        title,
-        background,
-        colour,
-        HEALTH_LABELS[state],
-    )
+    return badge("health", state, HEALTH_LABELS[state], _TONES[state], title)
 
 
 def figures_of(obj: Any) -> Any:

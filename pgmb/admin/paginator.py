@@ -24,6 +24,8 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
+from .. import sql
+
 #: Below this estimate the paginator counts exactly.
 EXACT_BELOW = 10_000
 
@@ -31,10 +33,7 @@ EXACT_BELOW = 10_000
 def _table_estimate(queryset: QuerySet[Any]) -> int | None:
     """``pg_class.reltuples`` of the queryset's table; None when never analyzed."""
     with connections[queryset.db].cursor() as cursor:
-        cursor.execute(
-            "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-            [queryset.model._meta.db_table],
-        )
+        cursor.execute(sql.query("admin.sql", "table_estimate"), [queryset.model._meta.db_table])
         row = cursor.fetchone()
     if row is None or row[0] < 0:
         return None

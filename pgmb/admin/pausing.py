@@ -17,12 +17,12 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import DatabaseError, router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..models import Queue, Worker
+from . import common
 from .common import user_id
 
 if TYPE_CHECKING:
@@ -42,13 +42,7 @@ STATE_LABELS = {
     "paused": gettext_lazy("paused"),
     "worker paused": gettext_lazy("worker paused"),
 }
-#: Badge colours (background, text) per state; inline styles: no stylesheet, no script.
-_BADGES = {
-    "running": ("#dff0d8", "#2b542c"),
-    "active": ("#dff0d8", "#2b542c"),
-    "paused": ("#fcf8e3", "#8a6d3b"),
-    "worker paused": ("#f2dede", "#a94442"),
-}
+_TONES = {"running": "good", "active": "good", "paused": "held", "worker paused": "bad"}
 
 
 def can_pause_queues(request: HttpRequest) -> bool:
@@ -60,18 +54,8 @@ def can_pause_workers(request: HttpRequest) -> bool:
 
 
 def badge(state: str, title: StrOrPromise = "") -> SafeString:
-    """A state as a small coloured label (plain HTML and inline style, no JavaScript)."""
-    background, colour = _BADGES[state]
-    return format_html(
-        '<span class="pgmb-state pgmb-state-{}" title="{}" style="display:inline-block;'
-        "padding:1px 6px;border-radius:8px;font-size:0.85em;white-space:nowrap;"
-        'background:{};color:{}">{}</span>',
-        state.replace(" ", "-"),
-        title,
-        background,
-        colour,
-        STATE_LABELS[state],
-    )
+    """A queue's or worker's state as a small coloured label."""
+    return common.badge("state", state, STATE_LABELS[state], _TONES[state], title)
 
 
 def queue_state(queue: Queue) -> str:

@@ -1,4 +1,4 @@
--- Metrics for machines, as pgmb/metrics.py reads them: the functions of migration 0006.
+-- Metrics for machines, as pgmb/metrics.py reads them: the functions of migration 0007.
 
 -- name: queues
 SELECT m.queue_name, m.queue_length, m.queue_visible_length, m.newest_msg_age_sec,

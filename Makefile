@@ -6,7 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the project needs; `make deps` installs the missing ones when root.
-DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light
+# chromium drives the admin's browser tests; libpostgresql-jdbc-java is Spark's JDBC driver.
+DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chromium \
+	libpostgresql-jdbc-java
 
 .PHONY: help deps venv test demo bench lint schema clean
 
@@ -23,7 +25,7 @@ deps:
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { scripts/deps.sh python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet -e '.[test,spark]'
 	@touch $@
 
 venv: $(VENV)/.installed

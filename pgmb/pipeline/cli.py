@@ -1,0 +1,120 @@
+"""The pipeline's command line, shared by ``python -m pgmb.pipeline``, ``spark-submit`` and
+``manage.py pgmb_pipeline``.
+
+    JOB [--dsn DSN] [--master URL] [--conf KEY=VALUE …] [--jars JARS] [--partitions N] …
+
+Each job module adds its own options (``add_arguments``) and does its work in
+``run(spark, database, options, out)``. Before Spark starts, the database is checked;
+any :class:`~pgmb.pipeline.errors.PipelineError` ends the run with one line on stderr and
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from . import JOBS
+from .database import Database
+from .errors import PipelineError
+from .spark import DEFAULT_MASTER, parse_conf, session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: Spark partitions of a JDBC read or a publish when --partitions is not given.
+DEFAULT_PARTITIONS = 4
+
+
+class Output(Protocol):
+    """Where a job reports (stdout, or a management command's ``self.stdout``)."""
+
+    def write(self, text: str, /) -> object: ...
+
+
+def say(out: Output, line: str) -> None:
+    """Write one line of a job's report (whole lines: a Django OutputWrapper adds none)."""
+    out.write(line + "\n")
+    flush = getattr(out, "flush", None)
+    if flush:
+        flush()
+
+
+class Job(Protocol):
+    """What a job module provides."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(
+        self, spark: SparkSession, database: Database, options: argparse.Namespace, out: Output
+    ) -> int: ...
+
+
+def job(name: str) -> Job:
+    """The module of job ``name``."""
+    module: Job = importlib.import_module(f"{__package__}.{name}")
+    return module
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def parser(prog: str = "pgmb.pipeline", *, dsn_required: bool = False) -> argparse.ArgumentParser:
+    """The whole command line: one sub-command per job, each with the common options."""
+    top = argparse.ArgumentParser(prog=prog, description="pgmb's Spark jobs")
+    jobs = top.add_subparsers(dest="job", required=True, metavar="JOB")
+    for name in JOBS:
+        module = job(name)
+        sub = jobs.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
+        common = sub.add_argument_group("database and Spark")
+        common.add_argument(
+            "--dsn",
+            required=dsn_required,
+            help="libpq connection string or URI (default: the PG* environment variables)",
+        )
+        common.add_argument("--master", default=DEFAULT_MASTER, help="Spark master URL")
+        common.add_argument(
+            "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+        )
+        common.add_argument("--jars", help="comma-separated jars (default: Debian's JDBC driver)")
+        common.add_argument(
+            "--partitions",
+            type=positive_int,
+            default=DEFAULT_PARTITIONS,
+            help=f"Spark partitions of reads and writes (default {DEFAULT_PARTITIONS})",
+        )
+        module.add_arguments(sub)
+    return top
+
+
+def run(options: argparse.Namespace, out: Output = sys.stdout) -> int:
+    """Run the job that ``options`` name; errors propagate as :class:`PipelineError`."""
+    database = Database.from_dsn(options.dsn)
+    database.check()
+    module = job(options.job)
+    spark = session(options.job, options.master, parse_conf(options.conf), options.jars)
+    try:
+        return module.run(spark, database, options, out)
+    finally:
+        spark.stop()
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "pgmb.pipeline") -> int:
+    """Parse ``argv``, run the job, and turn a :class:`PipelineError` into one line."""
+    options = parser(prog).parse_args(argv)
+    try:
+        return run(options)
+    except PipelineError as e:
+        print(f"{prog} {options.job}: error: {e}", file=sys.stderr)
+        return 2

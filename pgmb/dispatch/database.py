@@ -1,4 +1,5 @@
-"""The dispatcher's database connections: autocommit, re-established with backoff.
+"""The dispatcher's database connections: autocommit, re-established with backoff
+(:mod:`.backoff`: at most half a second between attempts).
 
 A lost connection never loses a message: deliveries are rows, and a lease that runs out
 while the dispatcher cannot reach the database makes its deliveries claimable again.
@@ -16,13 +17,15 @@ import psycopg
 
 from .. import sql
 from ..deliveries import Call, arun
+from .backoff import Backoff
 
 T = TypeVar("T")
 
 log = logging.getLogger("pgmb.dispatch")
 
-_BACKOFF_START = 0.1
-_BACKOFF_MAX = 5.0
+#: Seconds between two "still unavailable" warnings of one outage (every attempt would
+#: be two lines a second).
+WARN_EVERY = 30.0
 
 
 #: Seconds a connection attempt may take unless the settings say otherwise: an unreachable
@@ -78,6 +81,9 @@ class Database:
         self.give_up_after: float | None = None
         #: When the current outage began (time.monotonic()), None while connected.
         self._down_since: float | None = None
+        self._backoff = Backoff()
+        #: When this outage was last reported (time.monotonic()).
+        self._warned_at = 0.0
 
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
@@ -96,17 +102,19 @@ class Database:
                     time.monotonic() - self._down_since,
                 )
                 self._down_since = None
+                self._backoff.reset()
         return self._conn
 
     async def run(self, call: Call[T]) -> T:
         """Run a state-machine call, reconnecting and retrying until the database answers."""
-        delay = _BACKOFF_START
         while True:
             try:
                 return await arun(await self._connection(), call)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 await self._drop()
                 now = time.monotonic()
+                delay = self._backoff.next()
+                first = self._down_since is None
                 if self._down_since is None:
                     self._down_since = now
                 if (
@@ -120,12 +128,15 @@ class Database:
                     raise Unavailable(
                         f"unreachable for {now - self._down_since:.0f}s: {_first_line(exc)}"
                     ) from exc
-                log.warning(
-                    "database unavailable role=%s retry_in=%.1fs error=%r",
-                    self._role,
-                    delay,
-                    _first_line(exc),
-                )
+                if first or now - self._warned_at >= WARN_EVERY:
+                    self._warned_at = now
+                    log.warning(
+                        "database unavailable role=%s for=%.0fs retrying_every<=%.1fs error=%r",
+                        self._role,
+                        now - self._down_since,
+                        self._backoff.cap,
+                        _first_line(exc),
+                    )
                 if self._interrupt is None:
                     await asyncio.sleep(delay)
                 else:
@@ -133,7 +144,6 @@ class Database:
                         await asyncio.wait_for(self._interrupt.wait(), delay)
                     if self._interrupted():
                         raise Unavailable(str(exc)) from exc
-                delay = min(delay * 2, _BACKOFF_MAX)
 
     def _interrupted(self) -> bool:
         return self._interrupt is not None and self._interrupt.is_set()
@@ -154,15 +164,16 @@ async def listen(conninfo: dict[str, Any], wake: asyncio.Event) -> None:
     After each (re)connection ``wake`` is set once, so whatever was published while no one
     was listening is claimed at once rather than at the next poll.
     """
-    delay = _BACKOFF_START
+    backoff = Backoff()
     down_since: float | None = None
+    warned_at = 0.0
     while True:
         try:
             conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
             try:
                 await conn.execute(sql.query("dispatcher.sql", "listen"))
                 wake.set()
-                delay = _BACKOFF_START
+                backoff.reset()
                 if down_since is not None:
                     log.info("listener reconnected after=%.1fs", time.monotonic() - down_since)
                     down_since = None
@@ -171,8 +182,14 @@ async def listen(conninfo: dict[str, Any], wake: asyncio.Event) -> None:
             finally:
                 await conn.close()
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            now = time.monotonic()
+            if down_since is None or now - warned_at >= WARN_EVERY:
+                warned_at = now
+                log.warning(
+                    "listener disconnected for=%.0fs error=%r",
+                    now - (down_since or now),
+                    _first_line(exc),
+                )
             if down_since is None:
-                down_since = time.monotonic()
-            log.warning("listener disconnected retry_in=%.1fs error=%r", delay, _first_line(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _BACKOFF_MAX)
+                down_since = now
+            await asyncio.sleep(backoff.next())

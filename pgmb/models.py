@@ -26,6 +26,7 @@ from django.utils.translation import gettext_lazy as _
 from . import routing, sql
 from .dispatch import request
 from .errors import PgmbError
+from .ids import uuid7
 
 
 def _validate(check: Callable[..., object], *args: Any) -> None:
@@ -268,7 +269,8 @@ class Queue(models.Model):
 class Message(models.Model):
     """A published message; routed to deliveries by a statement-level trigger."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Time-ordered (pgmb.ids): the key index grows at its right edge.
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     routing_key = models.CharField(
         max_length=routing.MAX_KEY_LENGTH, validators=[validate_routing_key]
     )

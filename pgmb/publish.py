@@ -19,6 +19,7 @@ from django.db import IntegrityError, connections
 from . import conf, sql
 from .durations import check_seconds
 from .errors import DuplicateMessage, InvalidBody, InvalidDelay
+from .ids import uuid7
 from .routing import validate_routing_key
 
 #: Seconds, a ``timedelta``, or an aware ``datetime`` (not delivered before then).
@@ -70,7 +71,7 @@ def _delay(delay: Delay) -> tuple[float | None, datetime | None]:
 
 def _message_id(message_id: uuid.UUID | str | None) -> uuid.UUID:
     if message_id is None:
-        return uuid.uuid4()
+        return uuid7()
     try:
         return message_id if isinstance(message_id, uuid.UUID) else uuid.UUID(str(message_id))
     except ValueError as exc:

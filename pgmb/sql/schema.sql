@@ -90,7 +90,7 @@ CREATE TABLE public.pgmb_dead_letter (
 --
 
 CREATE TABLE public.pgmb_message (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    id uuid NOT NULL,
     routing_key character varying(255) NOT NULL,
     body jsonb NOT NULL,
     headers jsonb DEFAULT '{}'::jsonb NOT NULL,
@@ -1631,6 +1631,22 @@ CREATE FUNCTION pgmb.unrouted(message_ids uuid[]) RETURNS SETOF uuid
 $$;
 
 --
+-- Name: uuid_v7(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.uuid_v7() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    AS $$
+    SELECT encode(
+        set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                    FROM 1 FOR 6),
+            52, 1), 53, 1),
+        'hex')::uuid
+$$;
+
+--
 -- Name: valid_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1880,6 +1896,10 @@ CREATE VIEW pgmb.workers AS
 -- PostgreSQL database dump complete
 --
 
+--
+-- Column defaults that call pgmb's functions
+--
+ALTER TABLE ONLY public.pgmb_message ALTER COLUMN id SET DEFAULT pgmb.uuid_v7();
 --
 -- django-pgtrigger's trigger functions
 --

@@ -40,6 +40,8 @@ class Settings:
     #: A bearer token that may read ``/metrics`` (``Authorization: Bearer <token>``); empty:
     #: only logged-in staff users may. At least 16 printable ASCII characters, no blanks.
     METRICS_TOKEN: str = ""
+    #: Seconds after which the admin dashboard reloads itself; 0: it does not.
+    DASHBOARD_REFRESH: int = 30
 
     @cached_property
     def json_encoder(self) -> type:

@@ -96,4 +96,6 @@ PGMB = {
     # Lets Prometheus read /metrics with `Authorization: Bearer <token>` (empty: only
     # logged-in staff users may); 16 or more printable ASCII characters, no blanks.
     "METRICS_TOKEN": os.environ.get("PGMB_METRICS_TOKEN", ""),
+    # Seconds after which the admin's dashboard reloads itself (0: never).
+    "DASHBOARD_REFRESH": 30,
 }

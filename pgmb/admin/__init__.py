@@ -2,16 +2,19 @@
 
 Workers and queues are edited here (their forms check every rule the database enforces);
 messages, live deliveries, dead letters and the attempt log are read-only views of what
-the broker did, and the dispatchers list shows who does it. Importing this package
-registers the ModelAdmins (Django's admin autodiscovery does it).
+the broker did, and the dispatchers list shows who does it; the dashboard shows their figures
+on one page, with charts of the last hour. Importing this package registers the ModelAdmins
+(Django's admin autodiscovery does it).
 """
 
+from .dashboard import DashboardAdmin
 from .dispatchers import DispatcherAdmin
 from .messages import AttemptAdmin, DeadLetterAdmin, DeliveryAdmin, MessageAdmin
 from .topology import QueueAdmin, WorkerAdmin
 
 __all__ = [
     "AttemptAdmin",
+    "DashboardAdmin",
     "DeadLetterAdmin",
     "DeliveryAdmin",
     "DispatcherAdmin",

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 _TONES = {"running": "good", "gone": "bad", "stopped": "quiet"}
 
 
+def state_badge(state: str) -> SafeString:
+    """running, gone or stopped as a small coloured label."""
+    return badge("state", state, state, _TONES.get(state, "quiet"))
+
+
 class DispatcherState(Func):
     """``pgmb.dispatcher_state(heartbeat_at, stopped_at)``: running, gone or stopped."""
 
@@ -103,5 +108,4 @@ class DispatcherAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description=_("state"), ordering="stopped_at")
     def state_badge(self, obj: DispatcherProcess) -> SafeString:
-        state: str = getattr(obj, "state", "")
-        return badge("state", state, state, _TONES.get(state, "quiet"))
+        return state_badge(getattr(obj, "state", ""))

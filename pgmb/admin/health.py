@@ -106,6 +106,16 @@ def ago(moment: datetime | None) -> str:
     return EMPTY if moment is None else _("%(time)s ago") % {"time": timesince(moment)}
 
 
+def percent(rate: float | None) -> str:
+    """A success rate: 57.1%."""
+    return EMPTY if rate is None else f"{rate:.1%}"
+
+
+def milliseconds(value: float | None) -> str:
+    """A latency: 67.0 ms."""
+    return EMPTY if value is None else f"{value:.1f} ms"
+
+
 def error_text(figures: WorkerMetrics) -> SafeString | str:
     """The last error: status and text, truncated, the whole of it in a title."""
     if figures.last_error_at is None:

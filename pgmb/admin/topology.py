@@ -176,16 +176,12 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     @admin.display(description=_("success (1 h)"))
     def success_rate(self, obj: Worker) -> str:
         figures: WorkerMetrics | None = health.figures_of(obj)
-        if figures is None or figures.success_rate is None:
-            return health.EMPTY
-        return f"{figures.success_rate:.1%}"
+        return health.EMPTY if figures is None else health.percent(figures.success_rate)
 
     @admin.display(description=_("p95 (1 h)"))
     def p95_latency(self, obj: Worker) -> str:
         figures: WorkerMetrics | None = health.figures_of(obj)
-        if figures is None or figures.p95_latency_ms is None:
-            return health.EMPTY
-        return f"{figures.p95_latency_ms:.1f} ms"
+        return health.EMPTY if figures is None else health.milliseconds(figures.p95_latency_ms)
 
     @admin.display(description=_("last success"))
     def last_success(self, obj: Worker) -> str:

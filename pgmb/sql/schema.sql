@@ -2147,6 +2147,12 @@ CREATE INDEX pgmb_delivery_due ON public.pgmb_delivery USING btree (queue_id, av
 CREATE INDEX pgmb_delivery_leased ON public.pgmb_delivery USING btree (available_at) WHERE ((state)::text = 'leased'::text);
 
 --
+-- Name: pgmb_message_created_brin; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_message_created_brin ON public.pgmb_message USING brin (created_at) WITH (autosummarize='on');
+
+--
 -- Name: pgmb_queue_name_ad815ccf_like; Type: INDEX; Schema: public; Owner: -
 --
 

@@ -29,6 +29,8 @@ def test_defaults_are_typed():
         ({"DISPATCH_HEARTBEAT_INTERVAL": 0}, "must be positive"),
         ({"DISPATCH_HEARTBEAT_INTERVAL": 21}, "at most 20 seconds"),
         ({"DISPATCH_HEARTBEAT_INTERVAL": "5"}, "must be float"),
+        ({"DASHBOARD_REFRESH": -1}, "must not be negative"),
+        ({"DASHBOARD_REFRESH": 2.5}, "must be int"),
         ({"DEFAULT_MAX_RETRIES": 3}, "no longer a setting: defaults of new queues"),
         ({"RATE_BURST": 0.5}, "each worker's own 'burst'"),
         ({"NOPE": 1}, "not a pgmb setting"),

@@ -1,0 +1,321 @@
+"""The operator's dashboard: every queue, worker and running dispatcher on one page, with
+the last hour's charts, at ``/admin/pgmb/dashboard/`` (URL name ``admin:pgmb_dashboard``).
+
+Staff only (the admin site's ``admin_view``: anyone else is sent to its login page). The
+admin index lists models only, so the dashboard is the admin of a model without a table
+(:class:`pgmb.models.Dashboard`): the index and pgmb's app index show a "Dashboard" entry,
+and its URLs are the admin site's own, with nothing to add to a project's URLconf.
+
+Its figures come from where the lists' do: the queue and worker tables from
+:mod:`pgmb.metrics` (``pgmb.metrics_all()``, ``pgmb.worker_metrics()``), the dispatchers
+from :mod:`pgmb.dispatchers`, the charts from :func:`pgmb.series.series`, all read in one
+transaction (one ``now()``: the same last hour). GET parameters choose what the charts
+show: ``queue`` (a queue's name) or ``worker`` (a worker's: its queues), and ``range``
+(``1h``, the only one so far). The page reloads itself every
+``PGMB["DASHBOARD_REFRESH"]`` seconds (0: never).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db import transaction
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from .. import conf, dispatchers, metrics, series
+from ..dispatchers import DispatcherInfo
+from ..metrics import QueueMetrics, WorkerMetrics
+from ..models import Dashboard
+from . import charts, health, pausing
+from .dispatchers import state_badge
+
+#: Minutes between the named ticks of the time axis.
+TICK_MINUTES = 10
+
+
+class ScopeForm(forms.Form):
+    """What the charts show: a range, and every queue, one queue or one worker's queues."""
+
+    range = forms.ChoiceField(required=False, label=_("Range"))
+    queue = forms.ChoiceField(required=False, label=_("Queue"))
+    worker = forms.ChoiceField(required=False, label=_("Worker"))
+
+    def __init__(self, data: Any, *, queues: Sequence[str], workers: Sequence[str]) -> None:
+        super().__init__(data)
+        range_field: Any = self.fields["range"]
+        range_field.choices = [(r.key, r.label) for r in series.RANGES.values()]
+        queue_field: Any = self.fields["queue"]
+        queue_field.choices = [("", _("every queue")), *((n, n) for n in queues)]
+        worker_field: Any = self.fields["worker"]
+        worker_field.choices = [("", _("every worker")), *((n, n) for n in workers)]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("queue") and data.get("worker"):
+            raise forms.ValidationError(_("Choose a queue or a worker, not both."))
+        return data
+
+    def chosen(self) -> tuple[series.Range, str | None, str | None]:
+        """The valid form's range, queue and worker (None: not chosen)."""
+        data = self.cleaned_data
+        return (
+            series.RANGES.get(data.get("range") or "", series.LIVE),
+            data.get("queue") or None,
+            data.get("worker") or None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    title: str
+    svg: SafeString
+    #: A line under the chart: the totals the lists show.
+    note: str = ""
+    #: A link under the chart, and its text.
+    link: str = ""
+    link_text: str = ""
+
+
+def _minute_names(points: Sequence[series.Point]) -> tuple[list[str], list[int]]:
+    """Each point's local time (HH:MM), and the indexes of the round ten minutes."""
+    times = [timezone.localtime(p.at) for p in points]
+    return (
+        [t.strftime("%H:%M") for t in times],
+        [i for i, t in enumerate(times) if t.minute % TICK_MINUTES == 0],
+    )
+
+
+def build_charts(points: Sequence[series.Point], scope: str, range_label: str) -> list[Chart]:
+    """The dashboard's four charts of ``points``; ``scope`` names what they cover."""
+    x, ticks = _minute_names(points)
+    values = {
+        field: [getattr(p, field) for p in points]
+        for field in series.Point.__dataclass_fields__
+        if field != "at"
+    }
+    totals = {field: sum(values[field]) for field in ("delivered", "failed", "dead_lettered")}
+    outcomes = gettext("Delivered, failed and dead-lettered per minute, %(scope)s")
+    depth = gettext("Queue depth (live deliveries), %(scope)s")
+    latency = gettext("Request latency per minute, %(scope)s")
+    unrouted = gettext("Unrouted messages per minute, every queue")
+    return [
+        Chart(
+            outcomes % {"scope": scope},
+            charts.line_chart(
+                outcomes % {"scope": scope},
+                x,
+                ticks,
+                [
+                    charts.Series(gettext("delivered"), values["delivered"], charts.GREEN),
+                    charts.Series(gettext("failed"), values["failed"], charts.RED),
+                    charts.Series(
+                        gettext("dead-lettered"), values["dead_lettered"], charts.PURPLE, True
+                    ),
+                ],
+            ),
+            gettext(
+                "%(range)s: %(delivered)d delivered, %(failed)d failed (%(dead_lettered)d of "
+                "them dead-lettered)."
+            )
+            % {"range": range_label, **totals},
+        ),
+        Chart(
+            depth % {"scope": scope},
+            charts.line_chart(
+                depth % {"scope": scope},
+                x,
+                ticks,
+                [charts.Series(gettext("depth"), values["depth"], charts.BLUE)],
+            ),
+            gettext("Ready, delayed and leased deliveries at the end of each minute; now: %(n)d.")
+            % {"n": values["depth"][-1] if points else 0},
+        ),
+        Chart(
+            latency % {"scope": scope},
+            charts.line_chart(
+                latency % {"scope": scope},
+                x,
+                ticks,
+                [
+                    charts.Series("p50", values["latency_p50_ms"], charts.BLUE),
+                    charts.Series("p95", values["latency_p95_ms"], charts.ORANGE),
+                ],
+                unit="ms",
+            ),
+            gettext("How long the workers took to answer; no line: no request that minute."),
+        ),
+        Chart(
+            unrouted,
+            charts.bar_chart(
+                unrouted,
+                x,
+                ticks,
+                [charts.Series(gettext("unrouted"), values["unrouted"], charts.GREY)],
+            ),
+            gettext("%(range)s: %(n)d published messages matched no queue.")
+            % {"range": range_label, "n": sum(values["unrouted"])},
+            reverse("admin:pgmb_message_changelist") + "?routed=no",
+            gettext("Messages that matched no queue"),
+        ),
+    ]
+
+
+def queue_rows(queues: Sequence[QueueMetrics]) -> list[dict[str, Any]]:
+    """The queue table: the columns of the queue list, from the same figures."""
+    return [
+        {
+            "name": q.queue_name,
+            "state": pausing.badge("paused" if q.paused else "running"),
+            "pending": q.queue_length,
+            "ready": q.queue_visible_length,
+            "delayed": q.queue_length - q.queue_visible_length - q.leased,
+            "leased": q.leased,
+            "retrying": q.retrying,
+            "dead_letters": q.dead_letters,
+            "oldest_due": health.age(q.oldest_msg_age_sec),
+            "delivered_last_hour": q.delivered_last_hour,
+            "failed_last_hour": q.failed_last_hour,
+        }
+        for q in queues
+    ]
+
+
+#: The queue table's columns that add up in its "all queues" row.
+SUMMED = (
+    "pending",
+    "ready",
+    "delayed",
+    "leased",
+    "retrying",
+    "dead_letters",
+    "delivered_last_hour",
+    "failed_last_hour",
+)
+
+
+def worker_rows(workers: Sequence[WorkerMetrics]) -> list[dict[str, Any]]:
+    """The worker table: the columns of the worker list, from the same figures."""
+    return [
+        {
+            "name": w.worker_name,
+            "health": health.health_badge(health.worker_health(w)),
+            "requests_last_hour": w.requests_last_hour,
+            "success_rate": health.percent(w.success_rate),
+            "p95_latency": health.milliseconds(w.p95_latency_ms),
+            "last_success": health.ago(w.last_success_at),
+            "last_error": health.error_text(w),
+            "consecutive_failures": w.consecutive_failures,
+        }
+        for w in workers
+    ]
+
+
+def dispatcher_rows(found: Sequence[DispatcherInfo]) -> list[dict[str, Any]]:
+    """Running and gone dispatchers (stopped ones are in the dispatcher list)."""
+    return [
+        {
+            "kind": d.kind,
+            "host": d.host,
+            "pid": d.pid,
+            "queues": ", ".join(d.queues) if d.queues is not None else gettext("all"),
+            "started": d.started_at,
+            "heartbeat": d.heartbeat_at,
+            "heartbeat_ago": health.ago(d.heartbeat_at),
+            "state": state_badge(d.state),
+            "in_flight": d.in_flight,
+            "delivered": d.delivered,
+            "failed": d.failed,
+        }
+        for d in found
+        if d.state != "stopped"
+    ]
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    """The dashboard page in place of a changelist."""
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.dashboard_view)
+        return [
+            path("", view, name="pgmb_dashboard"),
+            # The name the admin index links a model's entry to.
+            path("", view, name="pgmb_dashboard_changelist"),
+        ]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
+        settings = conf.get()
+        using = settings.DATABASE
+        with transaction.atomic(using=using):
+            queues = metrics.queues(using)
+            workers = metrics.workers(using)
+            form = ScopeForm(
+                request.GET,
+                queues=[q.queue_name for q in queues],
+                workers=[w.worker_name for w in workers],
+            )
+            points = None
+            if form.is_valid():
+                range_, queue, worker = form.chosen()
+                points = series.series(range_, queue, worker, using=using)
+            found = dispatchers.dispatchers(using=using)
+
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Dashboard"),
+            "form": form,
+            "refresh": settings.DASHBOARD_REFRESH,
+            "rendered_at": timezone.localtime(),
+            "queues": queue_rows(queues),
+            "workers": worker_rows(workers),
+            "dispatchers": dispatcher_rows(found),
+            "dispatchers_url": reverse("admin:pgmb_dispatcherprocess_changelist"),
+        }
+        context["queue_totals"] = {
+            key: sum(row[key] for row in context["queues"]) for key in SUMMED
+        }
+        if points is not None:
+            range_, queue, worker = form.chosen()
+            if queue:
+                scope = gettext("queue %(name)s") % {"name": queue}
+            elif worker:
+                scope = gettext("queues of worker %(name)s") % {"name": worker}
+            else:
+                scope = gettext("every queue")
+            context.update(
+                scope=scope,
+                chosen_queue=queue,
+                chosen_worker=worker,
+                range=range_,
+                charts=build_charts(points, scope, range_.label.capitalize()),
+            )
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request,
+            "admin/pgmb/dashboard.html",
+            context,
+            status=200 if points is not None else 400,
+        )

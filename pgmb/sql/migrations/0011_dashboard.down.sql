@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS pgmb_message_created_brin;

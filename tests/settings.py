@@ -11,6 +11,8 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # The admin's CSS and JavaScript, served by the live server of the browser tests.
+    "django.contrib.staticfiles",
     "pgtrigger",
     "pgmb",
 ]
@@ -33,6 +35,7 @@ TEMPLATES = [
     }
 ]
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "static/"
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",

@@ -513,3 +513,54 @@ class Dashboard(models.Model):
 
     def __str__(self) -> str:
         return str(self._meta.verbose_name)
+
+
+class HourlyStatistics(models.Model):
+    """Delivery figures of one UTC hour, computed from the attempt history by the Spark
+    pipeline's ``stats`` job (:mod:`pgmb.pipeline.stats`) and read with :mod:`pgmb.statistics`.
+
+    A row is one queue (with its worker), one worker over all its queues (``queue_name``
+    empty), or every queue (both names empty). Names, not foreign keys: the figures outlive
+    the queues and workers they count, and the attempts that the archive moves away.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    #: The hour's start, a whole UTC hour.
+    hour = models.DateTimeField()
+    #: Empty: all the queues of ``worker_name`` (or of every worker).
+    queue_name = models.CharField(max_length=48, blank=True)
+    #: Empty (with ``queue_name``): every worker.
+    worker_name = models.CharField(max_length=48, blank=True)
+    attempts = models.BigIntegerField()
+    #: Acknowledged attempts.
+    delivered = models.BigIntegerField()
+    #: Attempts that were not acknowledged (retried, dead-lettered or expired).
+    failed = models.BigIntegerField()
+    retried = models.BigIntegerField()
+    dead_lettered = models.BigIntegerField(_("dead-lettered"))
+    #: Leases that ran out without an answer.
+    expired = models.BigIntegerField()
+    #: The average attempt number of the acknowledged attempts (1.0: none needed a retry).
+    attempts_per_message = models.FloatField(null=True, blank=True)
+    #: From publishing (the message's created_at) to acknowledgement, over the acks.
+    latency_p50_ms = models.FloatField(_("latency p50 (ms)"), null=True, blank=True)
+    latency_p95_ms = models.FloatField(_("latency p95 (ms)"), null=True, blank=True)
+    latency_p99_ms = models.FloatField(_("latency p99 (ms)"), null=True, blank=True)
+    #: The three most frequent statuses of failed attempts, [{"status": 503, "count": 7}, …];
+    #: status null: no answer (connection error, timeout, lease expired).
+    top_errors = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        db_table = "pgmb_statistics"
+        verbose_name = _("hourly statistics")
+        verbose_name_plural = _("hourly statistics")
+        ordering = ["-hour", "worker_name", "queue_name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["hour", "queue_name", "worker_name"],
+                name="pgmb_statistics_hour_queue_worker",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} {self.worker_name or '*'}/{self.queue_name or '*'}"

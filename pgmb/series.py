@@ -5,15 +5,17 @@
     from pgmb import series
     points = series.series(series.LIVE, queue="order_queue")   # 61 Points, oldest first
 
-One :class:`Point` per minute holds the attempts that ended in it (delivered, failed,
-dead-lettered), the latency of its requests (p50, p95 of ``duration_ms``), the queue depth
-at its end and the messages published in it that no queue took. The live range, the last
-hour, is read from pgmb's own tables in one statement (``pgmb/sql/queries/dashboard.sql``,
+One :class:`Point` per step holds the attempts that ended in it (delivered, failed,
+dead-lettered) and a latency (p50, p95). The live range, the last hour, is minute by minute
+and read from pgmb's own tables in one statement (``pgmb/sql/queries/dashboard.sql``,
 ``live_minutes``), with the same "last hour" as :mod:`pgmb.metrics`: each count's sum is
-the figure of the queue and worker lists.
+the figure of the queue and worker lists; its latency is the requests' ``duration_ms``, and
+it also has the queue depth at each minute's end and the messages that no queue took.
 
-:func:`series` is the one way in, whatever the range: longer ranges will be served from
-hourly statistics kept elsewhere, behind the same function.
+The longer ranges (:data:`DAY`, :data:`WEEK`) are hour by hour, from the hourly statistics
+that the Spark pipeline's ``stats`` job computes (:mod:`pgmb.statistics`): as fresh as its
+last run; their latency runs from publishing to the ack, and they have no depth and no
+unrouted count (None). :func:`series` is the one way in, whatever the range.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from . import sql
+from . import sql, statistics
 from .deliveries import Call, run
 
 
@@ -36,12 +38,21 @@ class Range:
     span: datetime.timedelta
     step: datetime.timedelta
 
+    @property
+    def live(self) -> bool:
+        """Read from pgmb's tables (else from the hourly statistics)."""
+        return self.step < HOUR
 
+
+HOUR = datetime.timedelta(hours=1)
 #: The last hour, minute by minute, read live from pgmb's tables.
-LIVE = Range("1h", "last hour", datetime.timedelta(hours=1), datetime.timedelta(minutes=1))
+LIVE = Range("1h", "last hour", HOUR, datetime.timedelta(minutes=1))
+#: The last day and week, hour by hour, from the pipeline's statistics.
+DAY = Range("24h", "last 24 hours", datetime.timedelta(days=1), HOUR)
+WEEK = Range("7d", "last 7 days", datetime.timedelta(days=7), HOUR)
 
-#: Every range, by key (longer ones will come from hourly statistics).
-RANGES: dict[str, Range] = {LIVE.key: LIVE}
+#: Every range, by key.
+RANGES: dict[str, Range] = {r.key: r for r in (LIVE, DAY, WEEK)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +66,16 @@ class Point:
     failed: int
     #: Of the failed attempts, those that moved their delivery to the dead letters.
     dead_lettered: int
-    #: Request durations of the attempts (None: no attempt had one).
+    #: Live range: request durations of the attempts; hourly ranges: from publishing to
+    #: the ack (None: nothing to measure).
     latency_p50_ms: float | None
     latency_p95_ms: float | None
-    #: Live deliveries at the end of the step (at now() for the last one).
-    depth: int
+    #: Live deliveries at the end of the step (at now() for the last one); None in the
+    #: hourly ranges.
+    depth: int | None
     #: Messages published in the step that matched no queue (of all queues, whatever the
-    #: queue or worker asked for).
-    unrouted: int
+    #: queue or worker asked for); None in the hourly ranges.
+    unrouted: int | None
 
 
 def _points(names: list[str], rows: list[tuple[Any, ...]]) -> list[Point]:
@@ -70,13 +83,58 @@ def _points(names: list[str], rows: list[tuple[Any, ...]]) -> list[Point]:
 
 
 def series_call(
-    range: Range = LIVE, queue: str | None = None, worker: str | None = None
+    range: Range = LIVE,
+    queue: str | None = None,
+    worker: str | None = None,
+    now: datetime.datetime | None = None,
 ) -> Call[list[Point]]:
-    if range != LIVE:
-        raise ValueError(f"no series for the range {range.key!r} yet (known: {', '.join(RANGES)})")
-    return Call(
-        sql.query("dashboard.sql", "live_minutes"), {"queue": queue, "worker": worker}, _points
-    )
+    """The statement of :func:`series`; ``now`` places an hourly range (default: now)."""
+    if range.live:
+        return Call(
+            sql.query("dashboard.sql", "live_minutes"), {"queue": queue, "worker": worker}, _points
+        )
+    # The hour in progress is the last step: the job fills it on its next run.
+    moment = now or datetime.datetime.now(datetime.timezone.utc)
+    until = moment.replace(minute=0, second=0, microsecond=0) + HOUR
+    since = until - range.span
+    call = statistics.hourly_call(since, until, queue, worker)
+
+    def points(names: list[str], rows: list[tuple[Any, ...]]) -> list[Point]:
+        found: dict[datetime.datetime, Point] = {}
+        for row in call.read(names, rows):
+            point = Point(
+                row.hour,
+                row.delivered,
+                row.failed,
+                row.dead_lettered,
+                row.latency_p50_ms,
+                row.latency_p95_ms,
+                None,
+                None,
+            )
+            if (seen := found.get(row.hour)) is not None:
+                # A queue whose worker changed in the hour has a row per worker: the counts
+                # add up; percentiles do not, the busier row's stand for the hour.
+                busier = seen if seen.delivered >= row.delivered else point
+                point = Point(
+                    row.hour,
+                    seen.delivered + row.delivered,
+                    seen.failed + row.failed,
+                    seen.dead_lettered + row.dead_lettered,
+                    busier.latency_p50_ms,
+                    busier.latency_p95_ms,
+                    None,
+                    None,
+                )
+            found[row.hour] = point
+        out = []
+        at = since
+        while at < until:
+            out.append(found.get(at) or Point(at, 0, 0, 0, None, None, None, None))
+            at += HOUR
+        return out
+
+    return Call(call.query, call.params, points)
 
 
 def series(

@@ -11,12 +11,14 @@ Its figures come from where the lists' do: the queue and worker tables from
 from :mod:`pgmb.dispatchers`, the charts from :func:`pgmb.series.series`, all read in one
 transaction (one ``now()``: the same last hour). GET parameters choose what the charts
 show: ``queue`` (a queue's name) or ``worker`` (a worker's: its queues), and ``range``
-(``1h``, the only one so far). The page reloads itself every
-``PGMB["DASHBOARD_REFRESH"]`` seconds (0: never).
+(``1h``, live, minute by minute; ``24h`` and ``7d``, hour by hour from the hourly
+statistics of the Spark pipeline's ``stats`` job, :mod:`pgmb.statistics`). The page
+reloads itself every ``PGMB["DASHBOARD_REFRESH"]`` seconds (0: never).
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .. import conf, dispatchers, metrics, series
+from .. import conf, dispatchers, metrics, series, statistics
 from ..dispatchers import DispatcherInfo
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Dashboard
@@ -86,18 +88,37 @@ class Chart:
     link_text: str = ""
 
 
-def _minute_names(points: Sequence[series.Point]) -> tuple[list[str], list[int]]:
-    """Each point's local time (HH:MM), and the indexes of the round ten minutes."""
+def _step_names(
+    points: Sequence[series.Point], range_: series.Range
+) -> tuple[list[str], list[int]]:
+    """Each point's local time, and the indexes of the named ticks: round ten minutes in
+    the live hour, every sixth hour in a day, midnights in a week."""
     times = [timezone.localtime(p.at) for p in points]
+    if range_.live:
+        return (
+            [t.strftime("%H:%M") for t in times],
+            [i for i, t in enumerate(times) if t.minute % TICK_MINUTES == 0],
+        )
+    if range_.span <= series.DAY.span:
+        return (
+            [t.strftime("%H:%M") for t in times],
+            [i for i, t in enumerate(times) if t.hour % 6 == 0],
+        )
     return (
-        [t.strftime("%H:%M") for t in times],
-        [i for i, t in enumerate(times) if t.minute % TICK_MINUTES == 0],
+        [t.strftime("%a %H:%M") for t in times],
+        [i for i, t in enumerate(times) if t.hour == 0],
     )
 
 
-def build_charts(points: Sequence[series.Point], scope: str, range_label: str) -> list[Chart]:
-    """The dashboard's four charts of ``points``; ``scope`` names what they cover."""
-    x, ticks = _minute_names(points)
+def build_charts(
+    points: Sequence[series.Point], scope: str, range_: series.Range = series.LIVE
+) -> list[Chart]:
+    """The dashboard's charts of ``points``; ``scope`` names what they cover. The live hour
+    has four; the hourly ranges of the statistics two (they have no depth, no unrouted)."""
+    x, ticks = _step_names(points, range_)
+    range_label = range_.label.capitalize()
+    if not range_.live:
+        return _hourly_charts(points, scope, range_label, x, ticks)
     values = {
         field: [getattr(p, field) for p in points]
         for field in series.Point.__dataclass_fields__
@@ -168,6 +189,71 @@ def build_charts(points: Sequence[series.Point], scope: str, range_label: str) -
             gettext("Messages that matched no queue"),
         ),
     ]
+
+
+def _hourly_charts(
+    points: Sequence[series.Point], scope: str, range_label: str, x: list[str], ticks: list[int]
+) -> list[Chart]:
+    totals = {
+        field: sum(getattr(p, field) for p in points)
+        for field in ("delivered", "failed", "dead_lettered")
+    }
+    outcomes = gettext("Delivered, failed and dead-lettered per hour, %(scope)s")
+    latency = gettext("Latency from publishing to the ack per hour, %(scope)s")
+    return [
+        Chart(
+            outcomes % {"scope": scope},
+            charts.line_chart(
+                outcomes % {"scope": scope},
+                x,
+                ticks,
+                [
+                    charts.Series(
+                        gettext("delivered"), [p.delivered for p in points], charts.GREEN
+                    ),
+                    charts.Series(gettext("failed"), [p.failed for p in points], charts.RED),
+                    charts.Series(
+                        gettext("dead-lettered"),
+                        [p.dead_lettered for p in points],
+                        charts.PURPLE,
+                        True,
+                    ),
+                ],
+            ),
+            gettext(
+                "%(range)s: %(delivered)d delivered, %(failed)d failed (%(dead_lettered)d of "
+                "them dead-lettered)."
+            )
+            % {"range": range_label, **totals},
+        ),
+        Chart(
+            latency % {"scope": scope},
+            charts.line_chart(
+                latency % {"scope": scope},
+                x,
+                ticks,
+                [
+                    charts.Series("p50", [p.latency_p50_ms for p in points], charts.BLUE),
+                    charts.Series("p95", [p.latency_p95_ms for p in points], charts.ORANGE),
+                ],
+                unit="ms",
+            ),
+            gettext("Over the acknowledged deliveries; no line: none that hour."),
+        ),
+    ]
+
+
+def statistics_note(computed_until: datetime.datetime | None) -> str:
+    """Where an hourly range's figures come from, and how fresh they are."""
+    if computed_until is None:
+        return gettext(
+            "No hourly statistics yet: they are computed by the Spark pipeline's stats job "
+            "(manage.py pgmb_pipeline stats)."
+        )
+    return gettext(
+        "From the hourly statistics of the Spark pipeline's stats job, computed up to the "
+        "hour of %(hour)s (manage.py pgmb_pipeline stats)."
+    ) % {"hour": timezone.localtime(computed_until).strftime("%Y-%m-%d %H:%M")}
 
 
 def queue_rows(queues: Sequence[QueueMetrics]) -> list[dict[str, Any]]:
@@ -277,9 +363,12 @@ class DashboardAdmin(admin.ModelAdmin):
                 workers=[w.worker_name for w in workers],
             )
             points = None
+            computed_until = None
             if form.is_valid():
                 range_, queue, worker = form.chosen()
                 points = series.series(range_, queue, worker, using=using)
+                if not range_.live:
+                    computed_until = statistics.latest(using=using)
             found = dispatchers.dispatchers(using=using)
 
         context: dict[str, Any] = {
@@ -310,7 +399,8 @@ class DashboardAdmin(admin.ModelAdmin):
                 chosen_queue=queue,
                 chosen_worker=worker,
                 range=range_,
-                charts=build_charts(points, scope, range_.label.capitalize()),
+                charts=build_charts(points, scope, range_),
+                statistics_note=None if range_.live else statistics_note(computed_until),
             )
         request.current_app = self.admin_site.name
         return TemplateResponse(

@@ -202,11 +202,6 @@ def test_a_queue_or_a_worker_has_only_its_own(known, sql):
     assert sum(p.delivered for p in series.series(queue="no_such_queue")) == 0
 
 
-def test_other_ranges_are_not_there_yet():
-    with pytest.raises(ValueError, match="no series for the range '1d'"):
-        series.series_call(series.Range("1d", "last day", series.LIVE.span * 24, series.LIVE.span))
-
-
 def test_the_sums_are_the_lists_figures(world, sql):  # noqa: F811
     by_queue = {m.queue_name: m for m in metrics.queues()}
     by_worker = {w.worker_name: w for w in metrics.workers()}

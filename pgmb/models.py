@@ -282,6 +282,16 @@ class Message(models.Model):
     class Meta:
         db_table = "pgmb_message"
         ordering = ["-created_at"]
+        # The admin's list, newest first, and its search by routing-key prefix (created by
+        # migration 0010's SQL, see docs/decisions.md, "Lists that stay fast").
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="pgmb_message_created"),
+            models.Index(
+                fields=["routing_key"],
+                name="pgmb_message_routing_key",
+                opclasses=["varchar_pattern_ops"],
+            ),
+        ]
         # Replaying re-sends to live endpoints: granted by this, not by "change".
         permissions = [
             ("replay_message", "Can replay messages to the queues that acknowledged them")
@@ -349,10 +359,13 @@ class Delivery(models.Model):
         # Claims scan only ready rows; leased rows come back through pgmb.reclaim_expired().
         indexes = [
             # `id` breaks ties in FIFO order: one INSERT gives all its rows the same time.
+            # What pgmb.metrics_all() counts rides along (migration 0010): a queue's
+            # figures are an index-only scan of its entries.
             models.Index(
                 fields=["queue", "available_at", "id"],
                 name="pgmb_delivery_due",
                 condition=models.Q(state="ready"),
+                include=["attempts", "created_at"],
             ),
             models.Index(
                 fields=["available_at"],
@@ -395,6 +408,8 @@ class DeadLetter(models.Model):
                 fields=["message", "queue"], name="pgmb_dead_letter_message_queue"
             )
         ]
+        # The admin's list, newest first (migration 0010's SQL).
+        indexes = [models.Index(fields=["created_at", "id"], name="pgmb_dead_letter_created")]
 
     def __str__(self) -> str:
         return f"{self.message_id} ✗ {self.queue_id}"
@@ -442,6 +457,15 @@ class Attempt(models.Model):
                 fields=["queue", "created_at"],
                 name="pgmb_attempt_acked",
                 condition=models.Q(outcome="ack"),
+            ),
+            # Its counterpart: with it every attempt is in one of the two by queue (the
+            # admin's queue and worker filters), and failures alone are a small index that
+            # the status filter reads (migration 0010, with joint statistics of outcome and
+            # status_code).
+            models.Index(
+                fields=["queue", "created_at", "status_code"],
+                name="pgmb_attempt_failed",
+                condition=~models.Q(outcome="ack"),
             ),
         ]
 

@@ -285,13 +285,23 @@ class Message(models.Model):
     class Meta:
         db_table = "pgmb_message"
         ordering = ["-created_at"]
+        # The admin's list, newest first, and its search by routing-key prefix (created by
+        # migration 0013's SQL, see docs/decisions.md, "Lists that stay fast").
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="pgmb_message_created"),
+            models.Index(
+                fields=["routing_key"],
+                name="pgmb_message_routing_key",
+                opclasses=["varchar_pattern_ops"],
+            ),
+        ]
         # Replaying re-sends to live endpoints: granted by this, not by "change".
         permissions = [
             ("replay_message", "Can replay messages to the queues that acknowledged them")
         ]
         # The last hour's messages (the dashboard's unrouted ones) without a scan of the
         # table: a block-range index, which costs publishing next to nothing (created by
-        # migration 0010's SQL, see docs/decisions.md).
+        # migration 0013's SQL, see docs/decisions.md).
         indexes = [
             BrinIndex(fields=["created_at"], name="pgmb_message_created_brin", autosummarize=True)
         ]
@@ -358,10 +368,13 @@ class Delivery(models.Model):
         # Claims scan only ready rows; leased rows come back through pgmb.reclaim_expired().
         indexes = [
             # `id` breaks ties in FIFO order: one INSERT gives all its rows the same time.
+            # What pgmb.metrics_all() counts rides along (migration 0013): a queue's
+            # figures are an index-only scan of its entries.
             models.Index(
                 fields=["queue", "available_at", "id"],
                 name="pgmb_delivery_due",
                 condition=models.Q(state="ready"),
+                include=["attempts", "created_at"],
             ),
             models.Index(
                 fields=["available_at"],
@@ -404,6 +417,8 @@ class DeadLetter(models.Model):
                 fields=["message", "queue"], name="pgmb_dead_letter_message_queue"
             )
         ]
+        # The admin's list, newest first (migration 0013's SQL).
+        indexes = [models.Index(fields=["created_at", "id"], name="pgmb_dead_letter_created")]
 
     def __str__(self) -> str:
         return f"{self.message_id} ✗ {self.queue_id}"
@@ -451,6 +466,15 @@ class Attempt(models.Model):
                 fields=["queue", "created_at"],
                 name="pgmb_attempt_acked",
                 condition=models.Q(outcome="ack"),
+            ),
+            # Its counterpart: with it every attempt is in one of the two by queue (the
+            # admin's queue and worker filters), and failures alone are a small index that
+            # the status filter reads (migration 0013, with joint statistics of outcome and
+            # status_code).
+            models.Index(
+                fields=["queue", "created_at", "status_code"],
+                name="pgmb_attempt_failed",
+                condition=~models.Q(outcome="ack"),
             ),
         ]
 

@@ -2,7 +2,7 @@
 # Regenerate pgmb/sql/schema.sql (`make schema`): migrate a scratch database, then dump
 # pgmb's objects in an order that loads: tables, schema pgmb (functions, types, views),
 # the column defaults that call pgmb's functions, django-pgtrigger's trigger functions,
-# then indexes, constraints and triggers.
+# then indexes, constraints and triggers, and the extended statistics.
 # Needs a running server named by the libpq variables (scripts/with-cluster.sh gives one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,5 +61,13 @@ HEAD
     SELECT pg_get_functiondef(p.oid) || ';' || chr(10)
     FROM pg_proc p WHERE p.proname LIKE 'pgtrigger\_%' ORDER BY p.proname"
   dump --section=post-data -t 'public.pgmb_*'
+  # pg_dump leaves out statistics objects when dumping single tables.
+  echo "--"
+  echo "-- extended statistics"
+  echo "--"
+  echo
+  psql -X -q -At -d "$db" -c "SET search_path = ''" -c "
+    SELECT pg_get_statisticsobjdef(s.oid) || ';' FROM pg_statistic_ext s
+    WHERE s.stxrelid::regclass::text LIKE 'public.pgmb\_%' ORDER BY s.stxname"
 } >"$out"
 echo "wrote $out ($(wc -l <"$out") lines)"

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model, OuterRef, QuerySet, Subquery
+from django.db.models import BooleanField, F, Func, Model, OuterRef, Q, QuerySet, Subquery
+from django.db.models.sql.compiler import SQLCompiler
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -19,10 +20,17 @@ from django.utils.timezone import now
 from ..models import Message, Queue
 
 if TYPE_CHECKING:
-    # What MessageIdSearchMixin is mixed into: its super() is a ModelAdmin's.
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    # What MessageSearchMixin is mixed into: its super() is a ModelAdmin's.
     _SearchBase = admin.ModelAdmin[Any]
 else:
     _SearchBase = object
+
+#: How many of the newest messages a question that only per-message probes can answer
+#: looks among: the routing-key search of the delivery, dead-letter and attempt lists, and
+#: the message list's "routed: No" (docs/decisions.md, "Lists that stay fast").
+MESSAGE_WINDOW = 10_000
 
 
 class ReadOnlyMixin:
@@ -45,8 +53,39 @@ class ReadOnlyInline(ReadOnlyMixin, admin.TabularInline):
     show_change_link = False
 
 
-class MessageIdSearchMixin(_SearchBase):
-    """A search term that is a UUID finds the message with that id (exact, indexed)."""
+class AnyOf(Func):
+    """``column = ANY(ARRAY(subquery))``: the subquery runs once, then each of its values is
+    looked up in the column's index.
+
+    ``column IN (subquery)`` lets the planner choose a hash join instead, which reads the
+    whole table of ``column`` whenever the subquery's rows are more than a few thousand.
+    """
+
+    output_field = BooleanField()
+
+    def __init__(self, column: str, subquery: QuerySet[Any]) -> None:
+        super().__init__(F(column), Subquery(subquery))
+
+    def as_sql(  # type: ignore[override]
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra: Any
+    ) -> tuple[str, tuple[Any, ...]]:
+        column, subquery = self.get_source_expressions()
+        column_sql, column_params = compiler.compile(column)
+        subquery_sql, subquery_params = compiler.compile(subquery)
+        # The subquery's SQL comes in parentheses: ARRAY(SELECT ...).
+        return f"{column_sql} = ANY(ARRAY{subquery_sql})", (*column_params, *subquery_params)
+
+
+class MessageSearchMixin(_SearchBase):
+    """Search by message: a UUID is a message id (exact: the primary key, or the index of
+    the message id), anything else the beginning of a routing key (case-sensitive, through
+    the index pgmb_message_routing_key).
+
+    On the lists of a message's rows (deliveries, dead letters, attempts) the key is the
+    message's: the rows of the newest :data:`MESSAGE_WINDOW` messages whose key starts with
+    the term, each looked up by message id. A join would let the planner read the whole
+    table of rows when the key is frequent among messages but rare among those rows.
+    """
 
     #: The field holding the message id on this admin's model.
     message_id_field = "message_id"
@@ -55,21 +94,33 @@ class MessageIdSearchMixin(_SearchBase):
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
         term = search_term.strip()
+        if not term:
+            return queryset, False
         try:
             message_id = uuid.UUID(term)
         except ValueError:
-            return super().get_search_results(request, queryset, search_term)
+            return queryset.filter(self.routing_key_prefix(term)), False
         return queryset.filter(**{self.message_id_field: message_id}), False
+
+    def routing_key_prefix(self, prefix: str) -> Q | AnyOf:
+        if self.message_id_field == "id":  # the messages themselves
+            return Q(routing_key__startswith=prefix)
+        newest = (
+            Message.objects.filter(routing_key__startswith=prefix)
+            .order_by("-created_at", "-id")
+            .values("pk")[:MESSAGE_WINDOW]
+        )
+        return AnyOf(self.message_id_field, newest)
 
 
 def queue_name_of(field: str = "queue_id") -> Subquery:
     """The queue's name, without a join that would hide rows whose queue was deleted."""
-    return Subquery(Queue.objects.filter(pk=OuterRef(field)).values("name")[:1])
+    return Subquery(Queue.objects.filter(pk=OuterRef(field)).order_by().values("name")[:1])
 
 
 def routing_key_of(field: str = "message_id") -> Subquery:
     """The message's routing key, without a join that would hide rows of purged messages."""
-    return Subquery(Message.objects.filter(pk=OuterRef(field)).values("routing_key")[:1])
+    return Subquery(Message.objects.filter(pk=OuterRef(field)).order_by().values("routing_key")[:1])
 
 
 def message_link(message_id: uuid.UUID, routing_key: str | None) -> SafeString:

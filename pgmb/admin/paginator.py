@@ -11,7 +11,9 @@ docs/decisions.md, "Estimated counts"):
   query (no ordering, no LIMIT);
 
 and counts exactly when the estimate is below :data:`EXACT_BELOW` (a small count is cheap,
-and the estimate of a small or filtered table is the least reliable).
+and the estimate of a small or filtered table is the least reliable). That count stops at
+:data:`COUNT_AT_MOST` rows: a list the planner took for small but that is not (a condition
+whose selectivity it cannot know) costs a bounded count, and shows that many rows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
@@ -26,8 +29,10 @@ from django.utils.functional import cached_property
 
 from .. import sql
 
-#: Below this estimate the paginator counts exactly.
+#: Below this estimate the paginator counts exactly...
 EXACT_BELOW = 10_000
+#: ...up to this many rows.
+COUNT_AT_MOST = 100_000
 
 
 def _table_estimate(queryset: QuerySet[Any]) -> int | None:
@@ -42,7 +47,10 @@ def _table_estimate(queryset: QuerySet[Any]) -> int | None:
 
 def _plan_estimate(queryset: QuerySet[Any]) -> int:
     """The planner's row estimate for the queryset (its top plan node's "Plan Rows")."""
-    statement, params = queryset.order_by().query.get_compiler(using=queryset.db).as_sql()
+    try:
+        statement, params = queryset.order_by().query.get_compiler(using=queryset.db).as_sql()
+    except EmptyResultSet:  # e.g. ``pk__in=[]``: Django knows there is nothing to run
+        return 0
     with connections[queryset.db].cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}", params)
         (plan,) = cursor.fetchone()
@@ -76,15 +84,19 @@ def estimate(queryset: QuerySet[Any]) -> int | None:
 
 
 class EstimatedCountPaginator(Paginator):
-    """``count`` is the planner's estimate, exact below :data:`EXACT_BELOW`."""
+    """``count`` is the planner's estimate, exact below :data:`EXACT_BELOW` (up to
+    :data:`COUNT_AT_MOST`)."""
 
     exact_below = EXACT_BELOW
+    count_at_most = COUNT_AT_MOST
 
     @cached_property
     def count(self) -> int:
         object_list = self.object_list
         if isinstance(object_list, QuerySet):
             rows = estimate(object_list)
-            if rows is not None and rows >= self.exact_below:
-                return rows
+            if rows is not None:
+                if rows >= self.exact_below:
+                    return rows
+                return object_list.order_by()[: self.count_at_most].count()
         return super().count

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -18,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import metrics, routing
 from ..metrics import QueueMetrics, WorkerMetrics
-from ..models import DeadLetter, Delivery, Queue, Worker
+from ..models import Queue, Worker
 from . import dead_letters, health, pausing, worker_test
 from .common import refuse_unpermitted
 from .forms import WorkerForm
@@ -29,25 +28,6 @@ if TYPE_CHECKING:
 
     class _WorkerCounts(TypedDict):
         n_queues: int
-
-    class _QueueCounts(TypedDict):
-        n_pending: int
-        n_dead_letters: int
-
-
-def _count_per_queue(model: type[Delivery | DeadLetter]) -> Coalesce:
-    """A correlated COUNT per queue (as the SQL view pgmb.queues does it).
-
-    Two Count() joins in one query would multiply each other's rows; subqueries don't.
-    """
-    counts = (
-        model.objects.filter(queue=OuterRef("pk"))
-        .order_by()
-        .values("queue")
-        .annotate(n=Count("*"))
-        .values("n")
-    )
-    return Coalesce(Subquery(counts, output_field=IntegerField()), Value(0))
 
 
 class WorkerStateFilter(admin.SimpleListFilter):
@@ -244,16 +224,6 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         (_("Monitoring"), {"fields": ("sql_views", "id", "created_at")}),
     )
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                n_pending=_count_per_queue(Delivery),
-                n_dead_letters=_count_per_queue(DeadLetter),
-            )
-        )
-
     def get_form(
         self, request: HttpRequest, obj: Queue | None = None, change: bool = False, **kwargs: Any
     ) -> type[forms.ModelForm]:
@@ -273,9 +243,10 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         form.base_fields["name"].help_text = hint % {"queue": queue_view, "dead": dead_view}
         return form
 
-    @admin.display(description=_("pending"), ordering="n_pending")
-    def pending(self, obj: WithAnnotations[Queue, _QueueCounts]) -> int:
-        return obj.n_pending
+    @admin.display(description=_("pending"))
+    def pending(self, obj: Queue) -> int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        return health.EMPTY if figures is None else figures.queue_length
 
     @admin.display(description=_("ready"))
     def ready(self, obj: Queue) -> int | str:
@@ -314,13 +285,16 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         figures: QueueMetrics | None = health.figures_of(obj)
         return health.EMPTY if figures is None else figures.failed_last_hour
 
-    @admin.display(description=_("dead letters"), ordering="n_dead_letters")
-    def dead_letters(self, obj: WithAnnotations[Queue, _QueueCounts]) -> SafeString | int:
-        if not obj.n_dead_letters:
+    @admin.display(description=_("dead letters"))
+    def dead_letters(self, obj: Queue) -> SafeString | int | str:
+        figures: QueueMetrics | None = health.figures_of(obj)
+        if figures is None:
+            return health.EMPTY
+        if not figures.dead_letters:
             return 0
         url = reverse("admin:pgmb_deadletter_changelist")
         return format_html(
-            '<a href="{}?queue__id__exact={}">{}</a>', url, obj.pk, obj.n_dead_letters
+            '<a href="{}?queue__id__exact={}">{}</a>', url, obj.pk, figures.dead_letters
         )
 
     @admin.display(description=_("SQL views"))

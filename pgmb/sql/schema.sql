@@ -2175,10 +2175,22 @@ CREATE INDEX pgmb_attempt_acked ON public.pgmb_attempt USING btree (queue_id, cr
 CREATE INDEX pgmb_attempt_created ON public.pgmb_attempt USING btree (created_at);
 
 --
+-- Name: pgmb_attempt_failed; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_attempt_failed ON public.pgmb_attempt USING btree (queue_id, created_at, status_code) WHERE ((outcome)::text <> 'ack'::text);
+
+--
 -- Name: pgmb_attempt_message_queue; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX pgmb_attempt_message_queue ON public.pgmb_attempt USING btree (message_id, queue_id);
+
+--
+-- Name: pgmb_dead_letter_created; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_dead_letter_created ON public.pgmb_dead_letter USING btree (created_at, id);
 
 --
 -- Name: pgmb_dead_letter_queue_id_b100904a; Type: INDEX; Schema: public; Owner: -
@@ -2190,7 +2202,7 @@ CREATE INDEX pgmb_dead_letter_queue_id_b100904a ON public.pgmb_dead_letter USING
 -- Name: pgmb_delivery_due; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX pgmb_delivery_due ON public.pgmb_delivery USING btree (queue_id, available_at, id) WHERE ((state)::text = 'ready'::text);
+CREATE INDEX pgmb_delivery_due ON public.pgmb_delivery USING btree (queue_id, available_at, id) INCLUDE (attempts, created_at) WHERE ((state)::text = 'ready'::text);
 
 --
 -- Name: pgmb_delivery_leased; Type: INDEX; Schema: public; Owner: -
@@ -2199,10 +2211,22 @@ CREATE INDEX pgmb_delivery_due ON public.pgmb_delivery USING btree (queue_id, av
 CREATE INDEX pgmb_delivery_leased ON public.pgmb_delivery USING btree (available_at) WHERE ((state)::text = 'leased'::text);
 
 --
+-- Name: pgmb_message_created; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_message_created ON public.pgmb_message USING btree (created_at, id);
+
+--
 -- Name: pgmb_message_created_brin; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX pgmb_message_created_brin ON public.pgmb_message USING brin (created_at) WITH (autosummarize='on');
+
+--
+-- Name: pgmb_message_routing_key; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_message_routing_key ON public.pgmb_message USING btree (routing_key varchar_pattern_ops);
 
 --
 -- Name: pgmb_queue_name_ad815ccf_like; Type: INDEX; Schema: public; Owner: -
@@ -2294,3 +2318,8 @@ ALTER TABLE ONLY public.pgmb_queue
 -- PostgreSQL database dump complete
 --
 
+--
+-- extended statistics
+--
+
+CREATE STATISTICS pgmb.attempt_outcome_status (mcv) ON outcome, status_code FROM public.pgmb_attempt;

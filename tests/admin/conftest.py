@@ -45,3 +45,27 @@ def count_queries():
         return len(captured)
 
     return run
+
+
+#: The tables whose statistics tests change (fresh_statistics).
+STATISTICS_TABLES = ("pgmb_message", "pgmb_attempt", "pgmb_delivery", "pgmb_dead_letter")
+
+
+@pytest.fixture
+def fresh_statistics(django_db_blocker):
+    """Planner statistics reset after the test's rollback.
+
+    ANALYZE updates pg_class in place: its reltuples would outlive the rollback of the
+    test's rows and make later tests' lists look big; and the tables and their indexes
+    keep the rolled-back rows' pages until vacuumed and reindexed. Set up before the test's
+    transaction (list it first), so its teardown runs after the rollback, in autocommit.
+    """
+    yield
+    with django_db_blocker.unblock():
+        assert not connection.in_atomic_block
+        with connection.cursor() as cursor:
+            cursor.execute(f"VACUUM ANALYZE {', '.join(STATISTICS_TABLES)}")
+            # The indexes keep the pages of the rolled-back rows; their size would change
+            # later tests' plans (tests/metrics/test_plans.py).
+            for table in STATISTICS_TABLES:
+                cursor.execute(f"REINDEX TABLE {table}")

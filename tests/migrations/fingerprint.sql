@@ -17,6 +17,10 @@ UNION ALL
 SELECT 'index', i.indexname, i.indexdef FROM pg_indexes i
 WHERE i.schemaname = 'public' AND i.tablename LIKE 'pgmb\_%'
 UNION ALL
+SELECT 'statistics', s.stxname, pg_get_statisticsobjdef(s.oid)
+FROM pg_statistic_ext s JOIN pg_class c ON c.oid = s.stxrelid
+WHERE c.relname LIKE 'pgmb\_%' AND c.relnamespace = 'public'::regnamespace
+UNION ALL
 SELECT 'trigger', c.relname || '.' || t.tgname, pg_get_triggerdef(t.oid)
 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
 WHERE c.relname LIKE 'pgmb\_%' AND NOT t.tgisinternal

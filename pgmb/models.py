@@ -17,7 +17,6 @@ from typing import Any
 
 import pgtrigger
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import BrinIndex
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -286,18 +285,15 @@ class Message(models.Model):
         db_table = "pgmb_message"
         ordering = ["-created_at"]
         indexes = [
-            # The admin's list, newest first, and its search by routing-key prefix (created
-            # by migration 0013's SQL, see docs/decisions.md, "Lists that stay fast").
+            # The admin's list, newest first, and its search by routing-key prefix; the
+            # dashboard's last hour (created by migration 0013's SQL, see docs/decisions.md,
+            # "Lists that stay fast").
             models.Index(fields=["created_at", "id"], name="pgmb_message_created"),
             models.Index(
                 fields=["routing_key"],
                 name="pgmb_message_routing_key",
                 opclasses=["varchar_pattern_ops"],
             ),
-            # The last hour's messages (the dashboard's unrouted ones) without a scan of the
-            # table: a block-range index, which costs publishing next to nothing (created by
-            # migration 0011's SQL, see docs/decisions.md).
-            BrinIndex(fields=["created_at"], name="pgmb_message_created_brin", autosummarize=True),
         ]
         # Replaying re-sends to live endpoints: granted by this, not by "change".
         permissions = [

@@ -2217,12 +2217,6 @@ CREATE INDEX pgmb_delivery_leased ON public.pgmb_delivery USING btree (available
 CREATE INDEX pgmb_message_created ON public.pgmb_message USING btree (created_at, id);
 
 --
--- Name: pgmb_message_created_brin; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX pgmb_message_created_brin ON public.pgmb_message USING brin (created_at) WITH (autosummarize='on');
-
---
 -- Name: pgmb_message_routing_key; Type: INDEX; Schema: public; Owner: -
 --
 

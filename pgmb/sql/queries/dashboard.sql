@@ -9,7 +9,7 @@
 --   attempts   pgmb_attempt_created (the hour), then per finished delivery
 --              pgmb_attempt_message_queue (its earlier attempts) and pgmb_message_pkey;
 --   live       pgmb_delivery_due per chosen queue (ready rows), pgmb_delivery_leased;
---   messages   pgmb_message_created_brin (the hour), then the indexes that lead with
+--   messages   pgmb_message_created (the hour), then the indexes that lead with
 --              message_id (pgmb.unrouted's test).
 WITH bounds AS NOT MATERIALIZED (
     -- Inlined where it is used: the planner then sees now() and estimates each bound.

@@ -3,8 +3,9 @@
 
     JOB [--dsn DSN] [--master URL] [--conf KEY=VALUE …] [--jars JARS] [--partitions N] …
 
-Each job module adds its own options (``add_arguments``) and does its work in
-``run(spark, database, options, out)``. Before Spark starts, the database is checked;
+Each job module adds its own options (``add_arguments``), may check them without Spark
+(``validate(options)``, optional) and does its work in ``run(spark, database, options,
+out)``. Before Spark starts, the options and the database are checked;
 any :class:`~pgmb.pipeline.errors.PipelineError` ends the run with one line on stderr and
 exit status 2.
 """
@@ -101,8 +102,12 @@ def parser(prog: str = "pgmb.pipeline", *, dsn_required: bool = False) -> argpar
 def run(options: argparse.Namespace, out: Output = sys.stdout) -> int:
     """Run the job that ``options`` name; errors propagate as :class:`PipelineError`."""
     database = Database.from_dsn(options.dsn)
-    database.check()
     module = job(options.job)
+    # Options that can be checked without Spark are, before its JVM takes seconds to start.
+    validate = getattr(module, "validate", None)
+    if validate is not None:
+        validate(options)
+    database.check()
     spark = session(options.job, options.master, parse_conf(options.conf), options.jars)
     try:
         return module.run(spark, database, options, out)

@@ -351,10 +351,15 @@ def upsert(database: Database, rows: Iterator[tuple[Any, ...]]) -> dict[str, int
     }
 
 
+def validate(options: argparse.Namespace) -> None:
+    """The window and the paths, checked before Spark starts."""
+    window_start(options.since, options.hours, datetime.datetime.now(UTC))
+    check_paths(options.include_archive, options.output)
+
+
 def run(spark: SparkSession, database: Database, options: argparse.Namespace, out: Output) -> int:
     """Compute the hours of the window and upsert them; the report goes to ``out``."""
     start = window_start(options.since, options.hours, datetime.datetime.now(UTC))
-    check_paths(options.include_archive, options.output)
     since = f"since {start:%Y-%m-%d %H:00} UTC" if start else "of the whole history"
     stored, n = read_database(spark, database, start, options.partitions)
     parts = stored.rdd.getNumPartitions() if stored is not None else 0

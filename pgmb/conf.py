@@ -13,6 +13,8 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
+from .pipeline.archive import DEFAULT_OLDER_THAN_DAYS, days_problem
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -42,6 +44,9 @@ class Settings:
     METRICS_TOKEN: str = ""
     #: Seconds after which the admin dashboard reloads itself; 0: it does not.
     DASHBOARD_REFRESH: int = 30
+    #: Days after which `manage.py pgmb_pipeline archive` archives a finished message when
+    #: no --older-than is given (a positive number; fractions allowed).
+    PIPELINE_ARCHIVE_OLDER_THAN_DAYS: float = DEFAULT_OLDER_THAN_DAYS
 
     @cached_property
     def json_encoder(self) -> type:
@@ -105,6 +110,9 @@ def errors(raw: Any) -> list[str]:
     ):
         if not problems and raw.get(key, 1) <= 0:
             problems.append(f"PGMB[{key!r}] must be positive")
+    days = raw.get("PIPELINE_ARCHIVE_OLDER_THAN_DAYS", DEFAULT_OLDER_THAN_DAYS)
+    if not problems and days_problem(days):
+        problems.append(f"PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS'] {days_problem(days)}")
     token = raw.get("METRICS_TOKEN", "")
     if (
         not problems

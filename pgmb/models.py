@@ -582,3 +582,86 @@ class HourlyStatistics(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00} {self.worker_name or '*'}/{self.queue_name or '*'}"
+
+
+class ArchiveRun(models.Model):
+    """One run of the pipeline's ``archive`` job (:mod:`pgmb.pipeline.archive`).
+
+    Written only by the job, which moves a run from ``claiming`` (choosing its messages)
+    through ``writing`` (their Parquet) and ``written`` (the Parquet committed under
+    ``output``; deleting from PostgreSQL may begin) to ``done``. A run that stopped before
+    ``written`` is ``discarded`` by the next one (its files removed, its messages freed);
+    one that stopped after it is finished by the next one (deletes only).
+    """
+
+    class State(models.TextChoices):
+        CLAIMING = "claiming", _("choosing messages")
+        WRITING = "writing", _("writing Parquet")
+        WRITTEN = "written", _("written, deleting")
+        DONE = "done", _("done")
+        DISCARDED = "discarded", _("discarded")
+
+    id = models.BigAutoField(primary_key=True)
+    state = models.CharField(
+        max_length=10, choices=State.choices, default=State.CLAIMING, db_default="claiming"
+    )
+    #: The archive's root (a fully qualified Hadoop URI such as file:/data/pgmb-archive).
+    output = models.TextField()
+    #: Messages finished before this time (the database's clock) are archived.
+    cutoff = models.DateTimeField()
+    started_at = models.DateTimeField(_("started"), db_default=Now())
+    written_at = models.DateTimeField(_("Parquet committed"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+    messages = models.BigIntegerField(default=0, db_default=0)
+    attempts = models.BigIntegerField(default=0, db_default=0)
+    #: Parquet files and their bytes, as committed.
+    files = models.BigIntegerField(default=0, db_default=0)
+    bytes = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        db_table = "pgmb_archive_run"
+        verbose_name = _("archive run")
+        ordering = ["-id"]
+        # OR-ed equalities rather than IN: a dump of IN (…) on varchar reloads with other
+        # casts, and schema.sql must match the migrations (tests/migrations).
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(state="claiming")
+                | models.Q(state="writing")
+                | models.Q(state="written")
+                | models.Q(state="done")
+                | models.Q(state="discarded"),
+                name="pgmb_archive_run_state",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"archive run {self.id} ({self.state})"
+
+
+class ArchiveItem(models.Model):
+    """A message claimed by an archive run that has not left the database yet.
+
+    The unique message keeps a message in one run at a time, and ``pgmb.replay`` skips
+    claimed messages. Rows leave with their message, in the same short transaction.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # Covered by the (run, id) index below, the order in which runs read and delete.
+    run = models.ForeignKey(
+        ArchiveRun, on_delete=models.CASCADE, db_index=False, related_name="items"
+    )
+    # No database FK, as for deliveries: the item leaves with its message.
+    message = models.OneToOneField(
+        Message,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="archive_item",
+    )
+
+    class Meta:
+        db_table = "pgmb_archive_item"
+        indexes = [models.Index(fields=["run", "id"], name="pgmb_archive_item_run")]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} in archive run {self.run_id}"

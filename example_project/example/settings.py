@@ -98,4 +98,7 @@ PGMB = {
     "METRICS_TOKEN": os.environ.get("PGMB_METRICS_TOKEN", ""),
     # Seconds after which the admin's dashboard reloads itself (0: never).
     "DASHBOARD_REFRESH": 30,
+    # `manage.py pgmb_pipeline archive` without --older-than: finished messages older than
+    # this many days go to the Parquet archive (the Spark pipeline).
+    "PIPELINE_ARCHIVE_OLDER_THAN_DAYS": 7.0,
 }

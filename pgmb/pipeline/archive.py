@@ -1,21 +1,406 @@
-"""The ``archive`` job (being built)."""
+"""Archive finished messages and their attempts to Parquet, then delete them from PostgreSQL.
+
+A message is finished when it has no live delivery and no dead letter (acked everywhere,
+dead-lettered and then purged, or routed to no queue). Those published and last attempted
+before the cutoff (``--older-than`` days ago, by the database's clock) are archived under
+``--output``, a local path or any Hadoop URI::
+
+    messages/run=N/day=YYYY-MM-DD/part-….parquet           one row per message
+    attempts/run=N/day=YYYY-MM-DD/queue=NAME/part-….parquet one row per attempt
+    _staging/run=N/…                                        a run being written
+
+``day`` is the UTC date of the message's publication (messages) or of the attempt
+(attempts); ``queue`` is the queue's name (null once the queue is deleted). Spark reads the
+whole archive with ``spark.read.parquet(OUTPUT + "/messages")`` (columns ``run`` and
+``day`` come from the folders).
+
+Crash safety: a run first claims its messages in PostgreSQL (``pgmb_archive_item``), writes
+exactly those to ``_staging/run=N``, moves the committed folders to ``messages/run=N`` and
+``attempts/run=N``, checks the row counts, and records the run as written. Only then are
+its rows deleted, in short transactions of ``--batch-size`` messages. The next run first
+deletes what a written run left, and throws away the files of a run that stopped before
+it was written (its messages are claimed again). Killed at any point, a job loses nothing
+and archives nothing twice. One archive job runs at a time (an advisory lock).
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
-from .cli import Output
+import psycopg
+from psycopg import sql as pgsql
+
+from .. import sql
+from . import jdbc
+from .cli import Output, positive_int, say
 from .database import Database
 from .errors import PipelineError
+from .hadoopfs import HadoopFS, Usage, reason
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+
+#: Messages are archived once they are this many days old (and finished). Under
+#: ``manage.py pgmb_pipeline`` the default is ``PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS']``,
+#: whose own default is this.
+DEFAULT_OLDER_THAN_DAYS = 7.0
+#: The most --older-than accepts (about 270 years back).
+MAX_OLDER_THAN_DAYS = 100_000.0
+#: Messages claimed, then deleted, per transaction.
+DEFAULT_BATCH_SIZE = 5_000
+#: A long phase reports how far it got at most this often.
+PROGRESS_SECONDS = 10.0
+
+#: The archive's folders under --output; nothing else may be there.
+MESSAGES, ATTEMPTS, STAGING = "messages", "attempts", "_staging"
+
+
+def days_problem(value: float) -> str | None:
+    """Why ``value`` is not a usable --older-than, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return "must be a positive number of days"
+    if value <= 0:
+        return "must be a positive number of days"
+    if value > MAX_OLDER_THAN_DAYS:
+        return f"must be at most {MAX_OLDER_THAN_DAYS:g} days"
+    return None
+
+
+def older_than_days(text: str) -> float:
+    """An argparse type: a positive number of days (fractions allowed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of days: {text!r}") from None
+    problem = days_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{problem}: {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This job's own options."""
+    """The archive's options."""
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="PATH_OR_URI",
+        help="the archive's folder: a local path or a Hadoop URI (hdfs://…, s3a://…)",
+    )
+    parser.add_argument(
+        "--older-than",
+        type=older_than_days,
+        metavar="DAYS",
+        help="archive messages finished and older than this many days (default: "
+        f"PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS'] under manage.py, else "
+        f"{DEFAULT_OLDER_THAN_DAYS:g})",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"messages claimed and deleted per transaction (default {DEFAULT_BATCH_SIZE})",
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a run's files are, under the archive's root (a qualified URI)."""
+
+    root: str
+
+    def messages(self, run: int) -> str:
+        return f"{self.root}/{MESSAGES}/run={run}"
+
+    def attempts(self, run: int) -> str:
+        return f"{self.root}/{ATTEMPTS}/run={run}"
+
+    def staging(self, run: int) -> str:
+        return f"{self.root}/{STAGING}/run={run}"
+
+
+def check_output(fs: HadoopFS, output: str) -> Layout:
+    """The archive at ``output``: a folder that is empty or holds an archive, and that this
+    job can write in. Checked before the database is touched."""
+    if not output.strip():
+        raise PipelineError("--output is empty: name the archive's folder")
+    try:
+        root = fs.qualify(output).rstrip("/")
+        if fs.exists(root):
+            if not fs.is_dir(root):
+                raise PipelineError(f"{root} is a file, not a folder")
+            strangers = [
+                name
+                for name in fs.names(root)
+                if name not in (MESSAGES, ATTEMPTS) and not name.startswith(("_", "."))
+            ]
+            if strangers:
+                raise PipelineError(
+                    f"{root} is not a pgmb archive: it holds {', '.join(strangers[:3])}"
+                )
+        fs.check_writable(f"{root}/{STAGING}")
+    except PipelineError as e:
+        raise PipelineError(f"--output {output}: {e}") from None
+    return Layout(root)
+
+
+def _for_run(name: str, run: int) -> str:
+    """Statement ``name`` of archive.sql with ``{run}`` filled in as a literal: Spark's
+    JDBC source takes a subquery, not parameters."""
+    statement = pgsql.SQL(sql.query("archive.sql", name)).format(run=pgsql.Literal(run))
+    return statement.as_string(None)
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class _Progress:
+    """Reports a long phase's count, at most every PROGRESS_SECONDS: ``line`` is formatted
+    with ``done``."""
+
+    def __init__(self, out: Output, line: str) -> None:
+        self.out, self.line = out, line
+        self.last = time.monotonic()
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_SECONDS:
+            self.last = now
+            say(self.out, self.line.format(done=done))
+
+
+@dataclass
+class _Deleted:
+    messages: int = 0
+    attempts: int = 0
+    batches: int = 0
+
+
+class _Archiver:
+    """One job: its database connection (holding the job lock), Spark and the files."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        fs: HadoopFS,
+        database: Database,
+        conn: psycopg.Connection[Any],
+        options: argparse.Namespace,
+        out: Output,
+    ) -> None:
+        self.spark, self.fs, self.database, self.conn = spark, fs, database, conn
+        self.partitions: int = options.partitions
+        self.batch: int = options.batch_size
+        self.out = out
+
+    def _row(self, name: str, **params: Any) -> tuple[Any, ...]:
+        row = self.conn.execute(sql.query("archive.sql", name), params).fetchone()
+        assert row is not None  # every statement of the job returns one row
+        return tuple(row)
+
+    def _execute(self, name: str, **params: Any) -> int:
+        return self.conn.execute(sql.query("archive.sql", name), params).rowcount
+
+    def lock(self) -> None:
+        if not self._row("lock_job")[0]:
+            raise PipelineError(
+                f"another archive job is running on {self.database.describe()}; "
+                "run again when it has finished"
+            )
+
+    def finish_leftovers(self) -> None:
+        """Complete what runs killed before left: delete the rows of a written run, throw
+        away the files of one that was not written."""
+        runs = self.conn.execute(sql.query("archive.sql", "unfinished_runs")).fetchall()
+        for run, state, output, messages in runs:
+            if state == "written":
+                say(
+                    self.out,
+                    f"run {run} stopped after its Parquet was committed under {output}: "
+                    f"deleting its {messages} messages from PostgreSQL",
+                )
+                deleted = self.delete(run, messages)
+                say(
+                    self.out,
+                    f"run {run}: deleted the {deleted.messages} messages and "
+                    f"{deleted.attempts} attempts it had left",
+                )
+            else:
+                say(
+                    self.out,
+                    f"run {run} stopped before its Parquet was committed ({state}): "
+                    f"discarding its files under {output}",
+                )
+                self.discard(run, Layout(output))
+
+    def discard(self, run: int, layout: Layout) -> None:
+        """Remove run ``run``'s files, then free its messages for a later run."""
+        try:
+            for folder in (layout.staging(run), layout.messages(run), layout.attempts(run)):
+                self.fs.delete(folder)
+        except PipelineError as e:
+            raise PipelineError(f"cannot discard the files of unfinished run {run}: {e}") from None
+        with self.conn.transaction():
+            self._execute("release_items", run=run)
+            self._execute("mark_discarded", run=run)
+
+    def claim(self, run: int, cutoff: datetime) -> int:
+        """Claim the run's messages, a batch per transaction, in id order."""
+        total, after = 0, None
+        progress = _Progress(self.out, f"run {run}: {{done}} messages claimed so far …")
+        while True:
+            with self.conn.transaction():
+                self._row("lock_claims")
+                count, last = self._row(
+                    "claim", run=run, after=after, cutoff=cutoff, limit=self.batch
+                )
+            total += count
+            progress(total)
+            if count < self.batch:
+                return total
+            after = last
+
+    def read(self, run: int, name: str, lower: int, upper: int) -> DataFrame:
+        """Statement ``name`` of the run, read in ranges of its items' ids."""
+        table = jdbc.subquery(_for_run(name, run), "archived")
+        return jdbc.read_ranges(
+            self.spark, self.database, table, "item_id", lower, upper, self.partitions
+        ).drop("item_id")
+
+    def write(self, run: int, layout: Layout, lower: int, upper: int) -> tuple[int, int, Usage]:
+        """Write the run's messages and attempts, commit them, and check the counts."""
+        from pyspark.sql import functions as F
+
+        messages = self.read(run, "messages_of_run", lower, upper).withColumn(
+            "day", F.to_date("created_at")
+        )
+        attempts = self.read(run, "attempts_of_run", lower, upper).withColumn(
+            "day", F.to_date("created_at")
+        )
+        staging = layout.staging(run)
+        self.fs.delete(staging)
+        messages.write.mode("errorifexists").partitionBy("day").parquet(f"{staging}/{MESSAGES}")
+        attempts.write.mode("errorifexists").partitionBy("day", "queue").parquet(
+            f"{staging}/{ATTEMPTS}"
+        )
+        # Spark has committed both (its _SUCCESS); one rename each makes them part of the
+        # archive. A crash before the run is marked written leaves folders the next run
+        # deletes.
+        self.fs.mkdirs(f"{layout.root}/{MESSAGES}")
+        self.fs.mkdirs(f"{layout.root}/{ATTEMPTS}")
+        self.fs.rename(f"{staging}/{MESSAGES}", layout.messages(run))
+        self.fs.rename(f"{staging}/{ATTEMPTS}", layout.attempts(run))
+        self.fs.delete(staging)
+
+        want_messages, want_attempts = self._row("run_counts", run=run)
+        got_messages = self.spark.read.schema(messages.schema).parquet(layout.messages(run))
+        got_attempts = self.spark.read.schema(attempts.schema).parquet(layout.attempts(run))
+        counts = (got_messages.count(), got_attempts.count())
+        if counts != (want_messages, want_attempts):
+            raise PipelineError(
+                f"run {run}: the Parquet holds {counts[0]} messages and {counts[1]} attempts, "
+                f"PostgreSQL {want_messages} and {want_attempts}; nothing was deleted (the "
+                "next run writes them again)"
+            )
+        messages_usage = self.fs.usage(layout.messages(run))
+        attempts_usage = self.fs.usage(layout.attempts(run))
+        usage = Usage(
+            messages_usage.files + attempts_usage.files,
+            messages_usage.bytes + attempts_usage.bytes,
+        )
+        return want_messages, want_attempts, usage
+
+    def delete(self, run: int, total: int) -> _Deleted:
+        """Delete a written run's rows, a batch per transaction, then mark it done."""
+        deleted = _Deleted()
+        progress = _Progress(self.out, f"run {run}: {{done}} of {total} messages deleted so far …")
+        while True:
+            items, messages, attempts = self._row("delete_batch", run=run, limit=self.batch)
+            if not items:
+                break
+            deleted.messages += messages
+            deleted.attempts += attempts
+            deleted.batches += 1
+            progress(deleted.messages)
+        self._execute("mark_done", run=run)
+        return deleted
+
+    def archive(self, layout: Layout, days: float) -> None:
+        """A new run: claim, write, record, delete."""
+        run, cutoff = self._row("start_run", output=layout.root, seconds=days * 86_400)
+        say(self.out, f"run {run}: messages finished before {_utc(cutoff)} …")
+        claimed = self.claim(run, cutoff)
+        if not claimed:
+            self._execute("mark_done", run=run)
+            say(self.out, f"nothing to archive: no finished message older than {_utc(cutoff)}")
+            return
+        count, lower, upper = self._row("run_bounds", run=run)
+        self._execute("mark_writing", run=run, messages=count)
+        say(self.out, f"run {run}: writing {count} messages and their attempts …")
+        try:
+            messages, attempts, usage = self.write(run, layout, lower, upper)
+        except PipelineError:
+            raise
+        except Exception as e:
+            # Spark's own failures (an executor lost, a JDBC error) as one line, too.
+            raise PipelineError(
+                f"run {run}: writing the Parquet failed ({reason(e)}); nothing was deleted, "
+                "the next run writes it again"
+            ) from None
+        marked = self._execute(
+            "mark_written",
+            run=run,
+            messages=messages,
+            attempts=attempts,
+            files=usage.files,
+            bytes=usage.bytes,
+        )
+        if marked != 1:
+            raise PipelineError(f"run {run} is no longer being written; nothing was deleted")
+        say(self.out, f"run {run}: committed {layout.messages(run)} and {layout.attempts(run)}")
+        deleted = self.delete(run, messages)
+        say(
+            self.out,
+            f"archived {messages} messages and {attempts} attempts finished before "
+            f"{_utc(cutoff)}: {usage.files} Parquet files, {usage.bytes} bytes under "
+            f"{layout.root} (run {run}; deleted from PostgreSQL in {deleted.batches} "
+            f"batch{'' if deleted.batches == 1 else 'es'})",
+        )
+
+
+def _days(options: argparse.Namespace) -> float:
+    days: float = DEFAULT_OLDER_THAN_DAYS if options.older_than is None else options.older_than
+    problem = days_problem(days)
+    if problem:
+        raise PipelineError(f"--older-than {days!r}: {problem}")
+    return days
+
+
+def validate(options: argparse.Namespace) -> None:
+    """What can be checked before Spark starts (the command line checks the rest; the
+    output's file system needs Spark's Hadoop)."""
+    _days(options)
+    if not options.output.strip():
+        raise PipelineError("--output is empty: name the archive's folder")
 
 
 def run(spark: SparkSession, database: Database, options: argparse.Namespace, out: Output) -> int:
-    raise PipelineError("the archive job is not built yet")
+    """Finish what killed runs left, then archive what is finished and old enough."""
+    days = _days(options)
+    fs = HadoopFS(spark)
+    layout = check_output(fs, options.output)
+    # Parquet's standard timestamps (not Spark's legacy INT96): any reader takes them.
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    with database.connect(autocommit=True, application_name="pgmb archive") as conn:
+        say(out, f"archive: {database.describe()} to {layout.root}")
+        archiver = _Archiver(spark, fs, database, conn, options, out)
+        archiver.lock()
+        archiver.finish_leftovers()
+        archiver.archive(layout, days)
+    return 0

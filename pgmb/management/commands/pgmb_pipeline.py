@@ -52,6 +52,8 @@ class Command(BaseCommand):
         options = cli.parser("manage.py pgmb_pipeline").parse_args(job_args)
         if options.dsn is None:
             options.dsn = dsn(database or conf.get().DATABASE)
+        if options.job == "archive" and options.older_than is None:
+            options.older_than = conf.get().PIPELINE_ARCHIVE_OLDER_THAN_DAYS
         try:
             code = cli.run(options, self.stdout)
         except PipelineError as e:

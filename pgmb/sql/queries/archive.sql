@@ -1,0 +1,118 @@
+-- The archive job (pgmb/pipeline/archive.py): runs in pgmb_archive_run, the messages each
+-- has claimed in pgmb_archive_item (migration 0015). The driver runs these with psycopg;
+-- the two reads for Spark (messages_of_run, attempts_of_run) become JDBC subqueries with
+-- the run's id as a literal ({run}, rendered by pgmb.pipeline.jdbc).
+
+-- name: lock_job
+-- One archive job at a time: held by the job's connection until it ends (or dies).
+SELECT pg_try_advisory_lock(pgmb.archive_lock_key('job'))
+
+-- name: unfinished_runs
+SELECT id, state, output, messages
+FROM pgmb_archive_run
+WHERE state IN ('claiming', 'writing', 'written')
+ORDER BY id
+
+-- name: start_run
+-- The cutoff is the database's clock, as every created_at is.
+INSERT INTO pgmb_archive_run (output, cutoff)
+VALUES (%(output)s, now() - make_interval(secs => %(seconds)s))
+RETURNING id, cutoff
+
+-- name: lock_claims
+-- Taken by each claim batch: a pgmb.replay in progress commits its deliveries first, and
+-- none starts until the batch's claims are visible to it (migration 0015).
+SELECT pg_advisory_xact_lock(pgmb.archive_lock_key('claim'))
+
+-- name: claim
+-- The next batch of finished messages, in id order after %(after)s (NULL: from the
+-- start): no live delivery, no dead letter, published and last attempted before the
+-- cutoff. Returns how many it claimed and the last id (where the next batch starts).
+WITH claimed AS (
+    INSERT INTO pgmb_archive_item (run_id, message_id)
+    SELECT %(run)s, m.id
+    FROM pgmb_message m
+    WHERE (%(after)s::uuid IS NULL OR m.id > %(after)s::uuid)
+      AND m.created_at < %(cutoff)s
+      AND NOT EXISTS (SELECT FROM pgmb_delivery d WHERE d.message_id = m.id)
+      AND NOT EXISTS (SELECT FROM pgmb_dead_letter x WHERE x.message_id = m.id)
+      AND NOT EXISTS (SELECT FROM pgmb_attempt a
+                      WHERE a.message_id = m.id AND a.created_at >= %(cutoff)s)
+    ORDER BY m.id
+    LIMIT %(limit)s
+    RETURNING message_id
+)
+SELECT count(*), (SELECT c.message_id FROM claimed c ORDER BY c.message_id DESC LIMIT 1)
+FROM claimed
+
+-- name: run_bounds
+-- The run's item ids, the range Spark's JDBC reads are partitioned on.
+SELECT count(*), min(id), max(id) FROM pgmb_archive_item WHERE run_id = %(run)s
+
+-- name: mark_writing
+UPDATE pgmb_archive_run SET state = 'writing', messages = %(messages)s
+WHERE id = %(run)s AND state = 'claiming'
+
+-- name: run_counts
+-- What the run's Parquet must hold: its messages and their attempts, as they are now.
+SELECT (SELECT count(*) FROM pgmb_archive_item i JOIN pgmb_message m ON m.id = i.message_id
+        WHERE i.run_id = %(run)s),
+       (SELECT count(*) FROM pgmb_archive_item i JOIN pgmb_attempt a ON a.message_id = i.message_id
+        WHERE i.run_id = %(run)s)
+
+-- name: mark_written
+-- From here on the run's rows may be deleted: its Parquet is committed.
+UPDATE pgmb_archive_run
+SET state = 'written', written_at = now(), messages = %(messages)s, attempts = %(attempts)s,
+    files = %(files)s, bytes = %(bytes)s
+WHERE id = %(run)s AND state = 'writing'
+
+-- name: delete_batch
+-- One short transaction: the run's next items, their messages and their attempts leave
+-- together. Returns the items, messages and attempts deleted.
+WITH batch AS (
+    SELECT id, message_id FROM pgmb_archive_item
+    WHERE run_id = %(run)s
+    ORDER BY id
+    LIMIT %(limit)s
+), attempts AS (
+    DELETE FROM pgmb_attempt a USING batch b WHERE a.message_id = b.message_id RETURNING 1
+), messages AS (
+    DELETE FROM pgmb_message m USING batch b WHERE m.id = b.message_id RETURNING 1
+), items AS (
+    DELETE FROM pgmb_archive_item i USING batch b WHERE i.id = b.id RETURNING 1
+)
+SELECT (SELECT count(*) FROM items), (SELECT count(*) FROM messages),
+       (SELECT count(*) FROM attempts)
+
+-- name: mark_done
+UPDATE pgmb_archive_run SET state = 'done', finished_at = now()
+WHERE id = %(run)s AND state IN ('claiming', 'written')
+
+-- name: release_items
+-- A discarded run frees its messages (they are archived again by a later run).
+DELETE FROM pgmb_archive_item WHERE run_id = %(run)s
+
+-- name: mark_discarded
+UPDATE pgmb_archive_run SET state = 'discarded', finished_at = now()
+WHERE id = %(run)s AND state IN ('claiming', 'writing')
+
+-- name: messages_of_run
+SELECT i.id AS item_id, m.id::text AS id, m.routing_key::text AS routing_key,
+       m.body::text AS body, m.headers::text AS headers, m.created_at, m.available_at
+FROM pgmb_archive_item i
+JOIN pgmb_message m ON m.id = i.message_id
+WHERE i.run_id = {run}
+
+-- name: attempts_of_run
+-- Each attempt with its queue's and worker's names as they are now (NULL once deleted)
+-- and its message's publication time (latency from publish to outcome).
+SELECT i.id AS item_id, a.id, a.message_id::text AS message_id, a.queue_id::text AS queue_id,
+       q.name::text AS queue, w.name::text AS worker_name, a.attempt, a.outcome::text AS outcome,
+       a.status_code, a.duration_ms, a.error, a.created_at, m.created_at AS published_at
+FROM pgmb_archive_item i
+JOIN pgmb_attempt a ON a.message_id = i.message_id
+JOIN pgmb_message m ON m.id = i.message_id
+LEFT JOIN pgmb_queue q ON q.id = a.queue_id
+LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+WHERE i.run_id = {run}

@@ -342,7 +342,8 @@ class Delivery(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField()
     #: Whether the current lease's request has started (``pgmb.start``): an expiry of the
-    #: lease then counts as an attempt; before, it hands the claim's attempt back.
+    #: lease then counts as an attempt; before, it hands the claim's attempt back. Read
+    #: only while leased (each claim clears it).
     started = models.BooleanField(default=False, db_default=False, editable=False)
     #: Leases of this delivery that expired before their request was marked started, and
     #: were not counted: at most 2, later ones count (docs/decisions.md).

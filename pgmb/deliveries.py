@@ -1,5 +1,5 @@
-"""The typed API over the delivery state machine: claim, ack, fail, release, reclaim,
-requeue, purge, replay.
+"""The typed API over the delivery state machine: claim, start, ack, fail, release,
+reclaim, requeue, purge, replay.
 
 Every transition is one SQL function of schema ``pgmb`` (the single implementation both
 dispatchers share), called here once, with named parameters, from
@@ -89,6 +89,15 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class Recorded:
+    """What one :func:`record` wrote: start marks, acks and failures."""
+
+    started: int
+    acked: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
     """One statement of the state machine, its parameters, and how to read its result."""
 
@@ -126,16 +135,27 @@ def claim_call(queues: Iterable[str] | None = None, limit: int = 100) -> Call[li
     return Call(_statement("claim"), {"queues": _queues(queues), "limit": limit}, _claims)
 
 
+def start_call(claims: Sequence[Claimed]) -> Call[int]:
+    return Call(_statement("start"), _start_params(claims, ""), _count)
+
+
+def _start_params(claims: Sequence[Claimed], prefix: str) -> dict[str, Any]:
+    return {
+        f"{prefix}ids": [c.delivery_id for c in claims],
+        f"{prefix}lease_ids": [c.lease_id for c in claims],
+    }
+
+
 def ack_call(successes: Sequence[Success]) -> Call[int]:
-    return Call(
-        _statement("ack"),
-        {
-            "ids": [s.delivery_id for s in successes],
-            "statuses": [s.status for s in successes],
-            "durations_ms": [s.duration_ms for s in successes],
-        },
-        _count,
-    )
+    return Call(_statement("ack"), _ack_params(successes, ""), _count)
+
+
+def _ack_params(successes: Sequence[Success], prefix: str) -> dict[str, Any]:
+    return {
+        f"{prefix}ids": [s.delivery_id for s in successes],
+        f"{prefix}statuses": [s.status for s in successes],
+        f"{prefix}durations_ms": [s.duration_ms for s in successes],
+    }
 
 
 def _storable(text: str) -> str:
@@ -145,17 +165,35 @@ def _storable(text: str) -> str:
 
 
 def fail_call(failures: Sequence[Failure]) -> Call[int]:
+    return Call(_statement("fail"), _fail_params(failures, ""), _count)
+
+
+def _fail_params(failures: Sequence[Failure], prefix: str) -> dict[str, Any]:
+    return {
+        f"{prefix}ids": [f.delivery_id for f in failures],
+        f"{prefix}lease_ids": [f.lease_id for f in failures],
+        f"{prefix}statuses": [f.status for f in failures],
+        f"{prefix}errors": [_storable(f.error) for f in failures],
+        f"{prefix}retry_after": [f.retry_after for f in failures],
+        f"{prefix}durations_ms": [f.duration_ms for f in failures],
+    }
+
+
+def _recorded(names: list[str], rows: list[tuple[Any, ...]]) -> Recorded:
+    return Recorded(**dict(zip(names, rows[0], strict=True)))
+
+
+def record_call(
+    started: Sequence[Claimed], successes: Sequence[Success], failures: Sequence[Failure]
+) -> Call[Recorded]:
     return Call(
-        _statement("fail"),
+        _statement("record"),
         {
-            "ids": [f.delivery_id for f in failures],
-            "lease_ids": [f.lease_id for f in failures],
-            "statuses": [f.status for f in failures],
-            "errors": [_storable(f.error) for f in failures],
-            "retry_after": [f.retry_after for f in failures],
-            "durations_ms": [f.duration_ms for f in failures],
+            **_start_params(started, "start_"),
+            **_ack_params(successes, "ack_"),
+            **_fail_params(failures, "fail_"),
         },
-        _count,
+        _recorded,
     )
 
 
@@ -237,6 +275,28 @@ def claim(
     return run(claim_call(queues, limit), using)
 
 
+def start(claims: Sequence[Claimed], *, using: str | None = None) -> int:
+    """Mark claimed deliveries started: their requests are on their way.
+
+    A lease that expires after this counts as a failed attempt; one that expires unmarked
+    hands its attempt back (up to twice per delivery, then it counts too). Fenced by lease:
+    a mark of a lease that has ended, or a second mark, changes nothing. Returns how many
+    were marked.
+    """
+    return run(start_call(claims), using) if claims else 0
+
+
+def record(
+    started: Sequence[Claimed],
+    successes: Sequence[Success],
+    failures: Sequence[Failure],
+    *,
+    using: str | None = None,
+) -> Recorded:
+    """:func:`start`, :func:`ack` and :func:`fail` in one statement (one commit)."""
+    return run(record_call(started, successes, failures), using)
+
+
 def ack(successes: Sequence[Success], *, using: str | None = None) -> int:
     """Record 2xx answers: the deliveries leave the hot table; returns how many were acked."""
     return run(ack_call(successes), using) if successes else 0
@@ -257,7 +317,12 @@ def release(claims: Sequence[Claimed], *, using: str | None = None) -> int:
 
 
 def reclaim_expired(limit: int = 1000, *, using: str | None = None) -> int:
-    """Count leases that ran out (a dispatcher died) as failed attempts; returns how many."""
+    """Settle leases that ran out (a dispatcher died or hung); returns how many.
+
+    A lease whose request was marked started (:func:`start`) counts as a failed attempt
+    (outcome ``expired``, dead-lettered at the limit); one never marked hands its attempt
+    back, due at once (outcome ``unsent``), except from a delivery's third such expiry on.
+    """
     return run(reclaim_expired_call(limit), using)
 
 
@@ -311,6 +376,19 @@ def busy(queues: Iterable[str] | None = None, *, using: str | None = None) -> bo
 
 async def aclaim(conn: Any, queues: Iterable[str] | None = None, limit: int = 100) -> list[Claimed]:
     return await arun(conn, claim_call(queues, limit))
+
+
+async def astart(conn: Any, claims: Sequence[Claimed]) -> int:
+    return await arun(conn, start_call(claims)) if claims else 0
+
+
+async def arecord(
+    conn: Any,
+    started: Sequence[Claimed],
+    successes: Sequence[Success],
+    failures: Sequence[Failure],
+) -> Recorded:
+    return await arun(conn, record_call(started, successes, failures))
 
 
 async def aack(conn: Any, successes: Sequence[Success]) -> int:

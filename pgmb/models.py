@@ -352,6 +352,13 @@ class Delivery(models.Model):
     last_status = models.IntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField()
+    #: Whether the current lease's request has started (``pgmb.start``): an expiry of the
+    #: lease then counts as an attempt; before, it hands the claim's attempt back. Read
+    #: only while leased (each claim clears it).
+    started = models.BooleanField(default=False, db_default=False, editable=False)
+    #: Leases of this delivery that expired before their request was marked started, and
+    #: were not counted: at most 2, later ones count (docs/decisions.md).
+    unsent_leases = models.SmallIntegerField(default=0, db_default=0, editable=False)
 
     class Meta:
         db_table = "pgmb_delivery"
@@ -426,6 +433,8 @@ class Attempt(models.Model):
         RETRY = "retry", _("will retry")
         DEAD = "dead", _("dead-lettered")
         EXPIRED = "expired", _("lease expired")
+        #: A lease that expired before its request started: no request, no attempt spent.
+        UNSENT = "unsent", _("lease expired unsent")
 
     id = models.BigAutoField(primary_key=True)
     message = models.ForeignKey(

@@ -8,6 +8,11 @@ slow or failing request never delays or rolls back the record of another.
 Claims run up to a batch (at most ``concurrency``) ahead of the requests, so that the
 requests never wait for a claim's round trip; a claimed row that waited so long for a
 slot that its lease could run out is handed back rather than posted.
+
+A claim counts an attempt, which a lease that expires unstarted hands back: each request
+marks its delivery started (``pgmb.start``) with the next write of outcomes, a few
+milliseconds later at most, so that a dispatcher killed with rows claimed ahead, or waiting
+for their worker's pacing, spends no attempt of theirs.
 """
 
 from __future__ import annotations
@@ -110,6 +115,9 @@ class Dispatcher:
         self._posting: set[asyncio.Task] = set()
         self._acks: list[Success] = []
         self._fails: list[Failure] = []
+        #: Rows whose request has started and whose start mark is not written yet, by
+        #: delivery id (an outcome written first makes the mark needless).
+        self._starts: dict[int, Claimed] = {}
         self._pacers: dict[str, Pacer] = {}
         self._closing = False
         #: This dispatcher's row in pgmb_dispatcher, once registered.
@@ -341,6 +349,8 @@ class Dispatcher:
             await pacer.wait(row.rps)
         # current_task() is None only outside a task, and _deliver always runs in one.
         self._posting.add(asyncio.current_task())  # type: ignore[arg-type]
+        self._starts[row.delivery_id] = row
+        self._outcome_ready.set()
         started = time.perf_counter()
         try:
             body = row.body.encode()
@@ -370,6 +380,8 @@ class Dispatcher:
         self._record(row, outcome)
 
     def _record(self, row: Claimed, outcome: Outcome) -> None:
+        if self._starts.get(row.delivery_id) is row:
+            del self._starts[row.delivery_id]
         if outcome.ok:
             self.stats.delivered += 1
             self._acks.append(Success(row.delivery_id, outcome.status, outcome.duration_ms))
@@ -406,24 +418,35 @@ class Dispatcher:
         self._outcome_ready.set()
 
     def _unflushed(self) -> bool:
-        return bool(self._acks or self._fails)
+        return bool(self._acks or self._fails or self._starts)
 
     async def _flush(self) -> bool:
-        """Write the outcomes recorded so far; whether failures (now retries) were written."""
+        """Write the start marks and outcomes recorded so far, in one statement; whether
+        failures (now retries) were written."""
         # Taken off the lists only once written: a flush that fails leaves them for the next.
-        if self._acks:
-            acks = self._acks[:]
+        starts, acks, fails = list(self._starts.values()), self._acks[:], self._fails[:]
+        if not (starts or acks or fails):
+            return False
+        try:
+            await self._outcomes_db.run(deliveries.record_call(starts, acks, fails))
+        except Unavailable:
+            raise
+        except Exception:  # refused as a whole: each part alone, so a bad row costs only itself
+            await self._write(deliveries.start_call, starts)
             await self._write(deliveries.ack_call, acks)
-            del self._acks[: len(acks)]
-        if self._fails:
-            fails = self._fails[:]
             await self._write(deliveries.fail_call, fails)
-            del self._fails[: len(fails)]
-            return True
-        return False
+        for row in starts:
+            # The same delivery may have been claimed and started again meanwhile.
+            if self._starts.get(row.delivery_id) is row:
+                del self._starts[row.delivery_id]
+        del self._acks[: len(acks)]
+        del self._fails[: len(fails)]
+        return bool(fails)
 
     async def _write(self, call: Callable[[list[T]], deliveries.Call[int]], items: list[T]) -> None:
         """Write outcomes; one the database refuses is left to its lease, not the batch."""
+        if not items:
+            return
         try:
             await self._outcomes_db.run(call(items))
         except Unavailable:
@@ -445,6 +468,9 @@ class Dispatcher:
         """Write outcomes as they come; after shutdown is signalled, write the rest and end."""
         while True:
             await self._outcome_ready.wait()
+            # Start marks wait as long: a crash within that time forgives at most their
+            # expiry (pgmb.reclaim_expired), while a write of their own would cost a round
+            # trip where most would have come with an outcome anyway.
             if not self._closing and len(self._acks) + len(self._fails) < self.options.batch:
                 await asyncio.sleep(FLUSH_LINGER)
             self._outcome_ready.clear()

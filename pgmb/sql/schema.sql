@@ -150,6 +150,8 @@ CREATE TABLE public.pgmb_delivery (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     message_id uuid NOT NULL,
     queue_id uuid NOT NULL,
+    started boolean DEFAULT false NOT NULL,
+    unsent_leases smallint DEFAULT 0 NOT NULL,
     CONSTRAINT pgmb_delivery_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT pgmb_delivery_state_valid CHECK (((state)::text = ANY ('{ready,leased}'::text[])))
 );
@@ -592,8 +594,9 @@ BEGIN
                 LIMIT tokens
                 FOR UPDATE SKIP LOCKED
             ), leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
                 UPDATE pgmb_delivery d
-                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease,
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
                     available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
                 FROM picked, pgmb_queue qu
                 WHERE d.id = picked.id AND qu.id = d.queue_id
@@ -779,10 +782,13 @@ DECLARE
     next_reclaim timestamptz := clock_timestamp();
     claimed pgmb.claimed[];
     c pgmb.claimed;
+    following pgmb.claimed;
     outcome pgmb.http_outcome;
     started timestamptz;
     next_post jsonb := '{}';
     wait float8;
+    -- Whether the start mark of the delivery about to be posted is committed.
+    marked boolean := false;
     me bigint;
     next_beat timestamptz := clock_timestamp() + interval '5 seconds';
     delivered bigint := 0;
@@ -816,12 +822,21 @@ BEGIN
             END;
             next_reclaim := clock_timestamp() + interval '5 seconds';
         END IF;
+        marked := false;
         BEGIN
             SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
+            following := claimed[1];
+            IF following.delivery_id IS NOT NULL
+               AND NOT (following.rps < 1000 AND coalesce((next_post ->> following.worker_id::text)::float8
+                                                          > extract(epoch FROM clock_timestamp()), false)) THEN
+                PERFORM pgmb.start(ARRAY[following.delivery_id], ARRAY[following.lease_id]);
+                marked := true;
+            END IF;
         EXCEPTION WHEN others THEN
             -- Nothing claimed: wait as when nothing is due, then try again.
             RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
             claimed := NULL;
+            marked := false;
         END;
         COMMIT;
         IF claimed IS NULL THEN
@@ -853,6 +868,17 @@ BEGIN
                 wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
                 IF wait > 0 THEN PERFORM pg_sleep(wait); END IF;
             END IF;
+            IF NOT marked THEN
+                -- A failed mark does not hold the request back: its expiry would then be
+                -- forgiven (up to twice), as after a crash within a batch of the external one.
+                BEGIN
+                    PERFORM pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
+                END;
+                COMMIT;
+            END IF;
+            marked := false;
             next_post := next_post || jsonb_build_object(c.worker_id::text,
                                                          extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
             started := clock_timestamp();
@@ -872,10 +898,19 @@ BEGIN
                                       ARRAY[outcome.error], ARRAY[outcome.retry_after], ARRAY[outcome.duration_ms]);
                     failed := failed + 1;
                 END IF;
+                -- The next delivery's start mark, with this commit, if it need not wait.
+                following := claimed[i + 1];
+                IF following.delivery_id IS NOT NULL
+                   AND NOT (following.rps < 1000 AND coalesce((next_post ->> following.worker_id::text)::float8
+                                                              > extract(epoch FROM clock_timestamp()), false)) THEN
+                    PERFORM pgmb.start(ARRAY[following.delivery_id], ARRAY[following.lease_id]);
+                    marked := true;
+                END IF;
             EXCEPTION WHEN others THEN
                 -- Not even the outcome could be written: the lease runs out and the delivery
                 -- is retried, as after a crash.
                 RAISE WARNING 'pgmb: could not record the outcome of delivery %: %', c.delivery_id, SQLERRM;
+                marked := false;
             END;
             IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
                 BEGIN
@@ -1125,7 +1160,7 @@ CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     LEFT JOIN (
         SELECT a.queue_id,
                count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
-               count(*) FILTER (WHERE a.outcome <> 'ack') AS failed
+               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent')) AS failed
         FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
     ) h ON h.queue_id = q.id
     ORDER BY q.name
@@ -1367,20 +1402,51 @@ CREATE FUNCTION pgmb.reclaim_expired(max_count integer DEFAULT 1000) RETURNS int
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    ids bigint[];
-    leases uuid[];
+    counted_ids bigint[];
+    counted_leases uuid[];
+    counted_errors text[];
+    unsent_ids bigint[];
+    unsent_lease_ids uuid[];
+    returned integer := 0;
 BEGIN
-    SELECT array_agg(d.id), array_agg(d.lease_id) INTO ids, leases
-    FROM (SELECT d.id, d.lease_id FROM pgmb_delivery d
+    SELECT array_agg(e.id) FILTER (WHERE e.counted),
+           array_agg(e.lease_id) FILTER (WHERE e.counted),
+           array_agg(CASE WHEN e.started THEN 'lease expired before an outcome was recorded'
+                          ELSE format('lease expired before its request was marked started; counted, '
+                                      'as %s earlier leases of this delivery expired so', e.unsent_leases)
+                     END) FILTER (WHERE e.counted),
+           array_agg(e.id) FILTER (WHERE NOT e.counted),
+           array_agg(e.lease_id) FILTER (WHERE NOT e.counted)
+    INTO counted_ids, counted_leases, counted_errors, unsent_ids, unsent_lease_ids
+    -- At most 2 unsent leases are forgiven (docs/decisions.md).
+    FROM (SELECT d.id, d.lease_id, d.started, d.unsent_leases,
+                 d.started OR d.unsent_leases >= 2 AS counted
+          FROM pgmb_delivery d
           WHERE d.state = 'leased' AND d.available_at <= clock_timestamp()
           ORDER BY d.available_at
           LIMIT max_count
-          FOR UPDATE SKIP LOCKED) AS d;
-    IF ids IS NULL THEN
-        RETURN 0;
+          FOR UPDATE SKIP LOCKED) AS e;
+    IF unsent_ids IS NOT NULL THEN
+        WITH handed_back AS (
+            UPDATE pgmb_delivery d
+            SET state = 'ready', lease_id = NULL, attempts = greatest(d.attempts - 1, 0),
+                unsent_leases = d.unsent_leases + 1, available_at = clock_timestamp()
+            FROM unnest(unsent_ids, unsent_lease_ids) AS u(id, lease_id)
+            WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased'
+            RETURNING d.message_id, d.queue_id, d.attempts + 1 AS attempt
+        )
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT h.message_id, h.queue_id, h.attempt, 'unsent', NULL, NULL,
+               'lease expired before its request was marked started: the attempt is not counted',
+               clock_timestamp()
+        FROM handed_back h;
+        GET DIAGNOSTICS returned = ROW_COUNT;
     END IF;
-    RETURN pgmb.settle_failures(ids, leases, NULL, array_fill('lease expired before an outcome was recorded'::text, ARRAY[cardinality(ids)]),
-                                NULL, NULL, 'expired');
+    IF counted_ids IS NULL THEN
+        RETURN returned;
+    END IF;
+    RETURN returned + pgmb.settle_failures(counted_ids, counted_leases, NULL, counted_errors,
+                                           NULL, NULL, 'expired');
 END $$;
 
 --
@@ -1721,6 +1787,28 @@ BEGIN
 END $$;
 
 --
+-- Name: start(bigint[], uuid[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.start(delivery_ids bigint[], lease_ids uuid[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    marked integer;
+BEGIN
+    IF cardinality(delivery_ids) IS DISTINCT FROM cardinality(lease_ids) THEN
+        RAISE EXCEPTION 'pgmb.start needs one lease id per delivery id (% delivery ids, % lease ids)',
+                        coalesce(cardinality(delivery_ids), 0), coalesce(cardinality(lease_ids), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE pgmb_delivery d SET started = true
+    FROM unnest(delivery_ids, lease_ids) AS u(id, lease_id)
+    WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased' AND NOT d.started;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    RETURN marked;
+END $$;
+
+--
 -- Name: unrouted(uuid[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1823,7 +1911,7 @@ CREATE FUNCTION pgmb.worker_metrics() RETURNS SETOF pgmb.worker_metrics
                count(*) FILTER (WHERE a.outcome = 'ack') AS successes,
                percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE a.created_at > now() - interval '1 hour'
+        WHERE a.created_at > now() - interval '1 hour' AND a.outcome <> 'unsent'
         GROUP BY q.worker_id
     ) h ON h.worker_id = w.id
     LEFT JOIN LATERAL (
@@ -1839,14 +1927,14 @@ CREATE FUNCTION pgmb.worker_metrics() RETURNS SETOF pgmb.worker_metrics
     LEFT JOIN LATERAL (
         SELECT a.status_code, a.error, a.created_at
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE q.worker_id = w.id AND a.outcome <> 'ack'
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent')
           AND a.created_at > now() - interval '24 hours'
         ORDER BY a.created_at DESC, a.id DESC LIMIT 1
     ) e ON true
     LEFT JOIN LATERAL (
         SELECT count(*) AS n
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE q.worker_id = w.id AND a.outcome <> 'ack'
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent')
           AND a.created_at > greatest(s.at, now() - interval '24 hours')
     ) f ON true
     ORDER BY w.name

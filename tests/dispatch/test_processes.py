@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 
 import pgmb
-from pgmb.models import Attempt, Delivery, DispatcherProcess, Worker
-from tests.httpserver import reply
+from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess, Worker
+from tests.httpserver import held, reply
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,63 @@ def test_sigkill_mid_batch_loses_nothing(spawn, recording_server, make_worker, m
     received = {r.headers["pgmb-message-id"] for r in recording_server.requests}
     assert received == {str(i) for i in ids}
     assert not Delivery.objects.exists()
-    assert Attempt.objects.filter(outcome="expired").exists()
+    # Its leases expired: counted if their requests had been marked started, else not.
+    assert Attempt.objects.filter(outcome__in=("expired", "unsent")).exists()
+
+
+def test_sigkill_spends_the_attempts_of_requests_in_flight_only(
+    spawn, recording_server, make_worker, make_queue, sql
+):
+    """Rows claimed ahead of free slots were never sent: a crash must not spend their one
+    attempt. The requests in flight when it died did use theirs (max_retries = 0: dead)."""
+    gate = threading.Event()
+    recording_server.respond(held(gate))
+    queue = make_queue(
+        "#",
+        worker=make_worker(endpoint=recording_server.url(), rps=100_000, timeout=60),
+        max_retries=0,
+        lease_seconds=600,
+    )
+    ids = {str(i) for i in pgmb.send_batch(("k", n) for n in range(40))}
+    # 8 slots and as many rows claimed ahead of them: 16 leased, 8 posted, all held.
+    victim = spawn("--concurrency", "8", "--batch", "20")
+    try:
+        in_flight = {r.headers["pgmb-message-id"] for r in recording_server.wait_for(8)}
+        wait_until(
+            lambda: Delivery.objects.filter(started=True).count() == 8,
+            message="the start marks of the 8 requests in flight",
+        )
+        assert Delivery.objects.filter(state="leased").count() == 16
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+    finally:
+        gate.set()  # the dead dispatcher's requests end on the server's side too
+    assert len(recording_server.requests) == 8
+    started = {
+        str(m) for m in Delivery.objects.filter(started=True).values_list("message_id", flat=True)
+    }
+    assert started == in_flight
+    recording_server.clear()
+    recording_server.respond(200)
+    # Their leases run out (600 s, brought forward), and another dispatcher takes over.
+    sql("UPDATE pgmb_delivery SET available_at = now() WHERE state = 'leased'")
+    rescuer = spawn("--until-idle", "--concurrency", "8", "--poll-interval", "0.1")
+    assert rescuer.wait(timeout=120) == 0, rescuer.stderr.read()
+    assert not Delivery.objects.exists()
+    dead = {
+        str(m) for m in DeadLetter.objects.filter(queue=queue).values_list("message_id", flat=True)
+    }
+    assert dead == in_flight
+    delivered = {r.headers["pgmb-message-id"] for r in recording_server.requests}
+    assert delivered == ids - in_flight
+    assert Counter(Attempt.objects.values_list("outcome", flat=True)) == {
+        "dead": 8,  # in flight: their one attempt was spent
+        "unsent": 8,  # claimed ahead, never sent: handed back, then delivered
+        "ack": 32,
+    }
+    unsent = set(Attempt.objects.filter(outcome="unsent").values_list("message_id", flat=True))
+    acked_first_time = Attempt.objects.filter(outcome="ack", attempt=1)
+    assert {str(m) for m in unsent} <= {str(a.message_id) for a in acked_first_time}
 
 
 def test_sigterm_finishes_in_flight_and_releases_the_rest(

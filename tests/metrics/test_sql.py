@@ -108,3 +108,12 @@ def test_failures_in_a_row_and_the_last_error_look_back_24_hours(world, sql):
     assert (idle.last_error_status, idle.last_error) == (None, "connection refused")
     assert idle.requests_last_hour == 1 and idle.success_rate == 0.0
     assert idle.last_success_at is None
+
+
+def test_unsent_leases_are_neither_failures_nor_requests(world, sql):
+    """An 'unsent' row of the history is a lease that expired before its request started
+    (pgmb.reclaim_expired): the worker was not asked anything."""
+    before_queue, before_worker = metrics.queue("busy_queue"), metrics.workers()
+    add_attempt(sql, world.busy, "unsent", "1 minute", error="lease expired before ...")
+    assert metrics.queue("busy_queue") == before_queue
+    assert metrics.workers() == before_worker

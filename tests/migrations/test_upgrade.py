@@ -114,6 +114,12 @@ def test_a_database_full_of_live_deliveries_upgrades_and_delivers(scratch, recor
             "leased.one": ["expired", "ack"],  # its lease from before the upgrade ran out
             "dead.one": ["dead", "ack"],
         }
+        # Leased by the old claim, which counted the attempt: its expiry after the upgrade
+        # is that attempt, and the delivery that followed is the second.
+        assert conn.execute(
+            "SELECT array_agg(a.attempt ORDER BY a.id) FROM pgmb_attempt a"
+            " JOIN pgmb_message m ON m.id = a.message_id WHERE m.routing_key = 'leased.one'"
+        ).fetchone() == ([1, 2],)
 
         # The in-database path works on the upgraded database too.
         recording_server.clear()

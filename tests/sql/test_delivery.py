@@ -207,12 +207,12 @@ def test_a_stale_lease_cannot_fail_a_new_claim(make_queue, claim, sql):
 def test_expired_leases_count_as_failed_attempts(make_queue, claim, sql):
     make_queue("#", max_retries=1, backoff_base=0, backoff_max=0)
     pgmb.send("k", 1)
-    claim()
+    assert deliveries.start(claim()) == 1  # its request started (tests/sql/test_start.py)
     _expire_leases(sql)
     assert deliveries.reclaim_expired() == 1
     delivery = Delivery.objects.get()
     assert (delivery.state, delivery.attempts) == ("ready", 1)
-    claim()
+    deliveries.start(claim())
     _expire_leases(sql)
     deliveries.reclaim_expired()
     assert not Delivery.objects.exists()

@@ -17,6 +17,27 @@ SELECT pgmb.ack(delivery_ids => %(ids)s, statuses => %(statuses)s, durations_ms 
 SELECT pgmb.fail(delivery_ids => %(ids)s, lease_ids => %(lease_ids)s, statuses => %(statuses)s,
                  errors => %(errors)s, retry_after => %(retry_after)s, durations_ms => %(durations_ms)s)
 
+-- name: start
+SELECT pgmb.start(delivery_ids => %(ids)s, lease_ids => %(lease_ids)s)
+
+-- name: record
+-- One write of the external dispatcher's outcomes: the start marks of requests still on
+-- their way, acks and failures, in one statement (one round trip, one commit). A part
+-- with nothing to write is not called; marks come last, so that a mark of a delivery whose
+-- outcome is in the same write is not written at all.
+SELECT CASE WHEN cardinality(%(ack_ids)s::bigint[]) > 0
+            THEN pgmb.ack(delivery_ids => %(ack_ids)s, statuses => %(ack_statuses)s,
+                          durations_ms => %(ack_durations_ms)s)
+            ELSE 0 END AS acked,
+       CASE WHEN cardinality(%(fail_ids)s::bigint[]) > 0
+            THEN pgmb.fail(delivery_ids => %(fail_ids)s, lease_ids => %(fail_lease_ids)s,
+                           statuses => %(fail_statuses)s, errors => %(fail_errors)s,
+                           retry_after => %(fail_retry_after)s, durations_ms => %(fail_durations_ms)s)
+            ELSE 0 END AS failed,
+       CASE WHEN cardinality(%(start_ids)s::bigint[]) > 0
+            THEN pgmb.start(delivery_ids => %(start_ids)s, lease_ids => %(start_lease_ids)s)
+            ELSE 0 END AS started
+
 -- name: release
 SELECT pgmb.release(delivery_ids => %(ids)s, lease_ids => %(lease_ids)s)
 

@@ -45,7 +45,8 @@ class HourRow:
     attempts: int
     #: Acknowledged attempts.
     delivered: int
-    #: Attempts not acknowledged: retried, dead-lettered or expired (and any other outcome).
+    #: Attempts not acknowledged: retried, dead-lettered or expired ('unsent' leases, which
+    #: asked no worker anything, are not attempts here).
     failed: int
     retried: int
     dead_lettered: int

@@ -178,9 +178,10 @@ class StatusClassFilter(admin.SimpleListFilter):
 
 class AttemptStatusFilter(StatusClassFilter):
     """An attempt's status; 3xx, 4xx, 5xx and no response list failed attempts only (an
-    acknowledgement through SQL may carry no status: it is not a failure)."""
+    acknowledgement through SQL may carry no status: it is not a failure, and neither is an
+    'unsent' lease, which asked no worker anything)."""
 
-    failures = ~Q(outcome="ack")
+    failures = ~Q(outcome__in=["ack", "unsent"])
 
 
 class DeadLetterStatusFilter(StatusClassFilter):

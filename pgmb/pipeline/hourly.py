@@ -54,6 +54,9 @@ def figures(base: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     ack = F.col("outcome") == "ack"
+    # An 'unsent' row is a lease that ran out before its request started: no worker was
+    # asked anything, so it is not an attempt of the hour.
+    base = base.where(F.col("outcome") != "unsent")
     # Each attempt counts for its queue, for its worker's total and for the hour's total.
     level = F.explode(
         F.array(

@@ -32,7 +32,7 @@ WITH bounds AS NOT MATERIALIZED (
 ), outcomes AS (
     SELECT r.at,
            count(*) FILTER (WHERE r.outcome = 'ack') AS delivered,
-           count(*) FILTER (WHERE r.outcome <> 'ack') AS failed,
+           count(*) FILTER (WHERE r.outcome NOT IN ('ack', 'unsent')) AS failed,
            count(*) FILTER (WHERE r.outcome = 'dead') AS dead_lettered,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration_ms) AS latency_p50_ms,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY r.duration_ms) AS latency_p95_ms

@@ -43,7 +43,15 @@ from .publish_input import (
     read,
     spark_reason,
 )
-from .publish_rows import Bad, Checked, Plan, Written, check_partition, write_partition
+from .publish_rows import (
+    CHECKED,
+    WRITTEN,
+    Bad,
+    Plan,
+    Written,
+    check_partition,
+    write_partition,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -136,7 +144,7 @@ def _constant_delay(text: str | None) -> tuple[float | None, str | None]:
 def _patterns(database: Database) -> tuple[str, ...]:
     with database.connect() as conn:
         rows = conn.execute(sql.query("pipeline_publish.sql", "queues")).fetchall()
-    return tuple(pattern for _, _, pattern in rows)
+    return tuple(pattern for (pattern,) in rows)
 
 
 def _where(staged: DataFrame, bad: Bad) -> str:
@@ -144,23 +152,20 @@ def _where(staged: DataFrame, bad: Bad) -> str:
     Lines, the line number when the file has no blank lines)."""
     from pyspark.sql import functions as F
 
-    before = staged.where((F.col("file") == bad.file) & (F.col("pos") < bad.pos)).count()
-    shown = local_path(bad.file) or bad.file
+    (file,) = staged.where(F.col("pos") == bad.pos).select("file").first() or ("?",)
+    before = staged.where((F.col("file") == file) & (F.col("pos") < bad.pos)).count()
+    shown = local_path(file) or file
     return f"row {before + 1} of {shown}" + (f" (id {bad.id})" if bad.id else "")
 
 
 def _check(staged: DataFrame, plan: Plan, path: str) -> int:
     """Every row checked on the executors; the number of rows, or the first few bad ones."""
-    checked = [
-        Checked(*c)
-        for c in staged.rdd.mapPartitions(functools.partial(check_partition, plan=plan)).collect()
-    ]
+    check = functools.partial(check_partition, plan=plan)
+    checked = staged.select(*CHECKED).rdd.mapPartitions(check).collect()
     rows = sum(c.rows for c in checked)
     bad = sum(c.bad for c in checked)
     if bad:
-        examples = sorted(
-            (Bad(*b) for c in checked for b in c.examples), key=lambda b: (b.file, b.pos)
-        )[:3]
+        examples = sorted((b for c in checked for b in c.examples), key=lambda b: b.pos)[:3]
         shown = "; ".join(f"{_where(staged, b)}: {b.problem}" for b in examples)
         raise PipelineError(
             f"{bad:,} of {rows:,} rows of {path} cannot be published, so none was: {shown}"
@@ -181,28 +186,34 @@ def _write(
     def action() -> None:
         write = functools.partial(write_partition, plan=plan, progress=progress)
         try:
-            done["written"] = [Written(*w) for w in staged.rdd.mapPartitions(write).collect()]
+            done["written"] = staged.select(*WRITTEN).rdd.mapPartitions(write).collect()
         except Exception as e:  # reported on the driver's thread, below
             done["error"] = e
 
     started = time.monotonic()
     worker = threading.Thread(target=action, name="pgmb publish", daemon=True)
     worker.start()
-    shown = 0
+    shown, last = 0, started
     while worker.is_alive():
         worker.join(timeout=max(min(every, 1.0), 0.05))
-        value = progress.value
-        if worker.is_alive() and value > shown and time.monotonic() - started >= every:
-            rate = value / (time.monotonic() - started)
+        value, now = progress.value, time.monotonic()
+        if worker.is_alive() and value > shown and now - last >= every:
+            rate = value / (now - started)
             say(out, f"publish: {value:,} of {rows:,} rows published ({rate:,.0f} rows/s)")
-            shown = value
+            shown, last = value, now
     if "error" in done:
         error = done["error"]
         found = _FAILED.search(str(error))
         reason = found.group(1).strip() if found else str(error).strip().splitlines()[0]
+        counted = f" ({progress.value:,} rows in finished tasks)" if progress.value else ""
+        advice = (
+            "run the same command again to publish the rest (ids already stored are skipped)"
+            if plan.has_id
+            else "without --id-column, running it again would publish those again"
+        )
         raise PipelineError(
-            f"publishing stopped: {reason}; at least {progress.value:,} rows were published "
-            "before" + (" (run again: ids already published are skipped)" if plan.has_id else "")
+            f"publishing stopped: {reason}; the batches committed before stay "
+            f"published{counted}: {advice}"
         )
     written: list[Written] = done["written"]
     return written
@@ -229,7 +240,7 @@ def run(spark: SparkSession, database: Database, options: argparse.Namespace, ou
         id=options.id_column,
     )
     raw_json = {c for c in (columns.body, columns.headers) if c}
-    messages = prepare(read(spark, path, fmt, raw_json), columns, path, options.key)
+    messages = prepare(read(spark, path, fmt, raw_json), columns, path, fmt, options.key)
     plan = Plan(
         dsn=database.dsn,
         batch_size=options.batch_size,
@@ -255,6 +266,7 @@ def run(spark: SparkSession, database: Database, options: argparse.Namespace, ou
             f"({time.monotonic() - started:.1f} s)",
         )
         if not rows:
+            say(out, "publish: nothing to publish")
             return 0
         began = time.monotonic()
         written = _write(spark, staged, plan, rows, options.progress_seconds, out)

@@ -192,7 +192,7 @@ def _text(df: DataFrame, name: str, what: str) -> Column:
     return _col(name)
 
 
-def prepare(df: DataFrame, columns: Columns, path: str, key: str | None) -> DataFrame:
+def prepare(df: DataFrame, columns: Columns, path: str, fmt: str, key: str | None) -> DataFrame:
     """The message columns of ``df`` (see :data:`~pgmb.pipeline.publish_rows.FIELDS`).
 
     ``key`` is the constant routing key when there is no key column.
@@ -217,8 +217,6 @@ def prepare(df: DataFrame, columns: Columns, path: str, key: str | None) -> Data
         assert columns.body is not None
         body = _json_text(df, columns.body, "--body-column")
     picked = {
-        "file": F.col("_metadata.file_path"),
-        "pos": F.monotonically_increasing_id(),
         "id": _text(df, columns.id, "--id-column") if columns.id else none,
         "key": _text(df, columns.key, "--key-column") if columns.key else F.lit(key),
         "body": body,
@@ -226,7 +224,9 @@ def prepare(df: DataFrame, columns: Columns, path: str, key: str | None) -> Data
             _json_text(df, columns.headers, "--headers-column") if columns.headers else none
         ),
         "delay": _delay(df, columns.delay) if columns.delay else none,
-        "corrupt": _col(CORRUPT) if CORRUPT in present else none,
+        "pos": F.monotonically_increasing_id(),
+        "corrupt": _col(CORRUPT) if fmt == "jsonl" else none,
+        "file": F.col("_metadata.file_path"),
     }
     assert tuple(picked) == FIELDS
     return df.select(*[value.alias(name) for name, value in picked.items()])

@@ -22,7 +22,7 @@ import pgmb
 from pgmb import sql as queries
 from pgmb.pipeline.errors import PipelineError
 from pgmb.pipeline.publish_input import input_format
-from pgmb.pipeline.publish_rows import Plan, json_problem, problem
+from pgmb.pipeline.publish_rows import CHECKED, Plan, json_problem, problem
 from pgmb.routing import compile_binding, matches
 
 ROWS = 100_000
@@ -100,6 +100,11 @@ def events_parquet(tmp_path_factory) -> str:
             F.create_map(F.lit("tenant"), F.when(n % 2 == 1, "eu").otherwise("us")).alias("meta"),
             (n % 3 * 60).alias("wait"),
         ).repartition(3).write.parquet(path)
+        spark.sql(
+            "SELECT * FROM VALUES ('order.paid', '{}', TIMESTAMP '2100-01-02 03:04:05.678901'),"
+            " ('order.paid', '[]', NULL), ('order.paid', '1', TIMESTAMP '2000-01-01 00:00:00')"
+            " AS t(topic, body, not_before)"
+        ).coalesce(1).write.parquet(path.replace("events", "timed"))
     finally:
         spark.stop()
     return path
@@ -172,6 +177,21 @@ def test_a_parquet_dataset_is_published_once_and_routed(queues, events_parquet, 
         "deliveries routed": 0,
     }
     assert table_counts() == before
+
+
+@pytest.mark.spark
+def test_a_timestamp_column_is_when_to_deliver(queues, events_parquet, run_pipeline):
+    timed = events_parquet.replace("events", "timed")
+    run_pipeline(
+        "publish", timed, "--key-column=topic", "--body-column=body", "--delay-column=not_before"
+    )
+    rows = fetch(
+        "SELECT body::text, available_at = created_at, to_char(available_at AT TIME ZONE 'UTC',"
+        " 'YYYY-MM-DD HH24:MI:SS.US') FROM pgmb_message ORDER BY body::text"
+    )
+    # A time in the past means now, as for pgmb.send.
+    assert [row[:2] for row in rows] == [("1", True), ("[]", True), ("{}", False)]
+    assert rows[2][2] == "2100-01-02 03:04:05.678901"
 
 
 def test_skipped_ids_are_not_routed_again(queues):
@@ -304,6 +324,51 @@ def test_csv_with_json_bodies_and_a_body_column(queues, tmp_path, run_pipeline):
         (event_id(n), {"n": n, "s": 'a"b'}, {"h": 1}) for n in range(3)
     ]
     assert table_counts() == (3, 3)  # paid
+
+
+@pytest.mark.spark
+def test_a_run_stopped_by_the_database_is_completed_by_a_rerun(queues, tmp_path, run_pipeline):
+    """The database refuses a batch half-way: the run stops in one line; once the cause is
+    gone, running it again publishes the rest, and nothing twice."""
+    records = [{"id": event_id(n), "body": {"n": n, "boom": n == 5}} for n in range(8)]
+    path = write_jsonl(tmp_path / "events.jsonl", records)
+    args = (
+        "publish",
+        path,
+        "--key=order.paid",
+        "--body-column=body",
+        "--id-column=id",
+        "--batch-size=1",
+        "--partitions=1",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE pgmb_message ADD CONSTRAINT test_no_boom CHECK (body->>'boom' <> 'true')"
+            " NOT VALID"
+        )
+    try:
+        with pytest.raises(CommandError) as raised:
+            run_pipeline(*args)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pgmb_message DROP CONSTRAINT test_no_boom")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert re.match(
+        r"publishing stopped: a partition failed after \d+ of its rows: new row for relation "
+        r'"pgmb_message" violates check constraint "test_no_boom" .*; the batches committed '
+        r"before stay published: run the same command again to publish the rest \(ids "
+        r"already stored are skipped\)$",
+        message,
+    ), message
+    stored, _ = table_counts()
+    assert stored < len(records)
+
+    report = run_pipeline(*args)
+    assert summary(report)["published"] == len(records) - stored
+    assert table_counts() == (len(records), 3 * len(records))
+    per_message = fetch("SELECT DISTINCT count(*) FROM pgmb_delivery GROUP BY message_id")
+    assert per_message == [(3,)]
 
 
 def closed_port() -> int:
@@ -493,19 +558,22 @@ def test_headers_must_be_an_object():
 
 def test_a_row_is_held_to_pgmbs_rules():
     plan = Plan(dsn="", batch_size=1, has_id=True)
-    ok = ("f", 0, event_id(1), "order.paid", "{}", None, None, None)
-    assert problem(ok, plan) is None
-    assert problem((*ok[:2], None, *ok[3:]), plan) == "it has no message id"
-    assert problem((*ok[:2], "nope", *ok[3:]), plan) == "message id 'nope' is not a UUID"
-    assert problem((*ok[:4], None, *ok[5:]), plan) == "it has no body (null)"
-    assert problem((*ok[:5], '"x"', *ok[6:]), plan) == "the headers are not a JSON object but str"
-    assert problem((*ok[:6], 1e400, None), plan) == (
-        "invalid delay inf: it must be a finite number of seconds"
-    )
-    assert problem((*ok[:6], "2026-01-01T00:00:00", None), plan).startswith(
+    ok = dict(zip(CHECKED, (event_id(1), "order.paid", "{}", None, None, 0, None), strict=True))
+
+    def check(**change: object) -> str | None:
+        return problem(tuple({**ok, **change}.values()), plan)
+
+    assert check() is None
+    assert check(id=None) == "it has no message id"
+    assert check(id="nope") == "message id 'nope' is not a UUID"
+    assert check(key="a b").startswith("invalid routing key 'a b': blanks")
+    assert check(body=None) == "it has no body (null)"
+    assert check(headers='"x"') == "the headers are not a JSON object but str"
+    assert check(delay=1e400) == "invalid delay inf: it must be a finite number of seconds"
+    assert check(delay="2026-01-01T00:00:00").startswith(
         "invalid delay '2026-01-01T00:00:00': the time has no time zone"
     )
-    assert problem((*ok[:7], '{"a": '), plan) == "not a JSON object: '{\"a\": '"
+    assert check(corrupt='{"a": ') == "not a JSON object: '{\"a\": '"
 
 
 @pytest.mark.parametrize(

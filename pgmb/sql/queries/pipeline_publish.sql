@@ -32,4 +32,4 @@ SELECT routing_key, count(*) FROM inserted GROUP BY routing_key
 
 -- name: queues
 -- The routing rules at the start of a run, to count the deliveries of what is published.
-SELECT name, binding_key, pattern FROM pgmb_queue ORDER BY name
+SELECT pattern FROM pgmb_queue

@@ -212,9 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [
             harness.Row(baseline.label, baseline.label),
             harness.Row("publish job, end to end", job.label, baseline=baseline.label),
-            harness.Row(
-                "publish job, publishing phase", job.label, "publishing", baseline.label
-            ),
+            harness.Row("publish job, publishing phase", job.label, "publishing", baseline.label),
             harness.Row("publish job, re-run (all ids stored)", job.label, "rerun", baseline.label),
             # ARCHIVE: harness.Row("archive job, end to end", archive.label, baseline=…),
         ],

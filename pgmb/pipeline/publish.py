@@ -219,17 +219,23 @@ def _write(
     return written
 
 
-def run(spark: SparkSession, database: Database, options: argparse.Namespace, out: Output) -> int:
-    """Read, check every row, publish; one summary line."""
-    started = time.monotonic()
-    path: str = options.input
-    fmt = input_format(path, options.format)
-    check_readable(path)
+def validate(options: argparse.Namespace) -> None:
+    """What can be checked before Spark starts: the format, the path, ``--key``, ``--delay``."""
+    input_format(options.input, options.format)
+    check_readable(options.input)
     if options.key is not None:
         try:
             validate_routing_key(options.key)
         except PgmbError as e:
             raise PipelineError(f"--key: {e}") from None
+    _constant_delay(options.delay)
+
+
+def run(spark: SparkSession, database: Database, options: argparse.Namespace, out: Output) -> int:
+    """Read, check every row, publish; one summary line (``validate`` has run)."""
+    started = time.monotonic()
+    path: str = options.input
+    fmt = input_format(path, options.format)
     seconds, at = _constant_delay(options.delay)
     columns = Columns(
         key=options.key_column,

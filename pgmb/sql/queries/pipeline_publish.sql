@@ -17,11 +17,12 @@ COPY pgmb_publish_staging (id, routing_key, body, headers, at, seconds) FROM STD
 -- A message whose id is already stored is skipped: ON CONFLICT DO NOTHING leaves it out of
 -- the statement's transition table too, so the routing trigger gives it no second delivery
 -- (tests/pipeline/test_publish.py proves it). Ids in order: two batches holding the same
--- ids take their locks in the same order and cannot deadlock. A missing id is generated.
+-- ids take their locks in the same order and cannot deadlock. A missing id is generated,
+-- as pgmb_message.id's default does.
 -- Returns how many rows of each routing key were inserted.
 WITH inserted AS (
     INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at)
-    SELECT coalesce(id, gen_random_uuid()), routing_key, body, headers, now(),
+    SELECT coalesce(id, pgmb.uuid_v7()), routing_key, body, headers, now(),
            greatest(now(), coalesce(at, now() + coalesce(seconds, 0) * interval '1 second'))
     FROM pgmb_publish_staging
     ORDER BY id

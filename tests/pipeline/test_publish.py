@@ -25,6 +25,8 @@ from pgmb.pipeline.publish_input import input_format
 from pgmb.pipeline.publish_rows import CHECKED, Plan, json_problem, problem
 from pgmb.routing import compile_binding, matches
 
+from .conftest import MASTER
+
 ROWS = 100_000
 KEYS = ("order.created", "order.paid", "order.eu.shipped", "invoice.paid", "user.deleted")
 #: Queue name -> binding key; "user.deleted" matches none of them.
@@ -76,15 +78,14 @@ def queues(make_worker, make_queue):
 def events_parquet(tmp_path_factory) -> str:
     """ROWS events in three Parquet files, written by Spark: event_id (a UUID), topic,
     payload (a struct with an explicit null), meta (a map), wait (seconds)."""
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
+    from pgmb.pipeline.spark import session
+
     path = str(tmp_path_factory.mktemp("publish") / "events.parquet")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    # As the jobs make theirs: the first session starts the JVM that later ones share, and
+    # only a JVM started with the JDBC driver's jar can load it.
+    spark = session("tests", MASTER, {}, None)
     try:
         n = F.col("id")
         spark.range(ROWS).select(

@@ -4,6 +4,7 @@ per id; every kind of bad input refused in one line with the database untouched.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from django.core.management import CommandError
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
 import pgmb
@@ -370,6 +371,40 @@ def test_a_run_stopped_by_the_database_is_completed_by_a_rerun(queues, tmp_path,
     assert table_counts() == (len(records), 3 * len(records))
     per_message = fetch("SELECT DISTINCT count(*) FROM pgmb_delivery GROUP BY message_id")
     assert per_message == [(3,)]
+
+
+@pytest.mark.spark
+def test_publish_on_a_standalone_cluster(spark_cluster, queues, tmp_path, run_pipeline):
+    """The partitions run in the cluster's executor (Python workers there, their own
+    psycopg connections), not in this process."""
+    records = [{"id": event_id(n), "topic": KEYS[n % 5], "body": {"n": n}} for n in range(1000)]
+    path = write_jsonl(tmp_path / "events.jsonl", records)
+    conf = [arg for pair in spark_cluster.driver_conf for arg in ("--conf", pair)]
+    out = io.StringIO()
+    call_command(
+        "pgmb_pipeline", "publish", path, "--master", spark_cluster.url, *conf,
+        "--key-column=topic", "--body-column=body", "--id-column=id", stdout=out,
+    )  # fmt: skip
+    per_key = Counter(r["topic"] for r in records)
+    assert summary(out.getvalue()) == {
+        "rows read": 1000,
+        "published": 1000,
+        "skipped as duplicates": 0,
+        "deliveries routed": sum(c * len(routed(k)) for k, c in per_key.items()),
+    }
+    per_queue = dict(
+        fetch(
+            "SELECT q.name, count(*) FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id"
+            " GROUP BY q.name"
+        )
+    )
+    assert per_queue == {
+        name: sum(c for k, c in per_key.items() if name in routed(k))
+        for name in BINDINGS
+        if any(name in routed(k) for k in KEYS)
+    }
+    [app] = [a for a in spark_cluster.status()["completedapps"] if a["name"] == "pgmb publish"]
+    assert app["state"] == "FINISHED"
 
 
 def closed_port() -> int:

@@ -288,7 +288,7 @@ def _stage(messages: DataFrame, plan: Plan, partitions: int) -> DataFrame:
     from pyspark.sql import functions as F
 
     tasks = max(partitions, math.ceil(messages.count() / ROWS_PER_TASK))
-    # By id: copies of one message land in one task, which publishes the first of them.
+    # By id: copies of one message land in one task, which publishes one of them.
     by = [F.col("id")] if plan.has_id else []
     return messages.repartition(tasks, *by).persist()
 

@@ -7,6 +7,7 @@ package (and Django) can be imported without it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,10 @@ def session(app: str, master: str, conf: dict[str, str], jars: str | None) -> Sp
         from pyspark.sql import SparkSession
     except ImportError:
         raise PipelineError("PySpark is not installed: pip install 'django-pgmb[spark]'") from None
+    # Python code on the executors (the publish job's partitions) runs in this very
+    # interpreter, with its packages, unless PYSPARK_PYTHON or spark.pyspark.python names
+    # another (as a cluster whose machines keep Python elsewhere must).
+    os.environ.setdefault("PYSPARK_PYTHON", conf.get("spark.pyspark.python", sys.executable))
     builder = (
         SparkSession.builder.appName(f"pgmb {app}")
         .master(master)

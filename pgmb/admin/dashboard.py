@@ -124,32 +124,11 @@ def build_charts(
         for field in series.Point.__dataclass_fields__
         if field != "at"
     }
-    totals = {field: sum(values[field]) for field in ("delivered", "failed", "dead_lettered")}
-    outcomes = gettext("Delivered, failed and dead-lettered per minute, %(scope)s")
     depth = gettext("Queue depth (live deliveries), %(scope)s")
     latency = gettext("Request latency per minute, %(scope)s")
     unrouted = gettext("Unrouted messages per minute, every queue")
     return [
-        Chart(
-            outcomes % {"scope": scope},
-            charts.line_chart(
-                outcomes % {"scope": scope},
-                x,
-                ticks,
-                [
-                    charts.Series(gettext("delivered"), values["delivered"], charts.GREEN),
-                    charts.Series(gettext("failed"), values["failed"], charts.RED),
-                    charts.Series(
-                        gettext("dead-lettered"), values["dead_lettered"], charts.PURPLE, True
-                    ),
-                ],
-            ),
-            gettext(
-                "%(range)s: %(delivered)d delivered, %(failed)d failed (%(dead_lettered)d of "
-                "them dead-lettered)."
-            )
-            % {"range": range_label, **totals},
-        ),
+        _outcomes_chart(points, gettext("per minute"), scope, range_label, x, ticks),
         Chart(
             depth % {"scope": scope},
             charts.line_chart(
@@ -191,41 +170,51 @@ def build_charts(
     ]
 
 
-def _hourly_charts(
-    points: Sequence[series.Point], scope: str, range_label: str, x: list[str], ticks: list[int]
-) -> list[Chart]:
+def _outcomes_chart(
+    points: Sequence[series.Point],
+    per: str,
+    scope: str,
+    range_label: str,
+    x: list[str],
+    ticks: list[int],
+) -> Chart:
+    """Delivered, failed and dead-lettered attempts per step (``per``: "per minute", …)."""
+    title = gettext("Delivered, failed and dead-lettered %(per)s, %(scope)s") % {
+        "per": per,
+        "scope": scope,
+    }
     totals = {
         field: sum(getattr(p, field) for p in points)
         for field in ("delivered", "failed", "dead_lettered")
     }
-    outcomes = gettext("Delivered, failed and dead-lettered per hour, %(scope)s")
+    return Chart(
+        title,
+        charts.line_chart(
+            title,
+            x,
+            ticks,
+            [
+                charts.Series(gettext("delivered"), [p.delivered for p in points], charts.GREEN),
+                charts.Series(gettext("failed"), [p.failed for p in points], charts.RED),
+                charts.Series(
+                    gettext("dead-lettered"), [p.dead_lettered for p in points], charts.PURPLE, True
+                ),
+            ],
+        ),
+        gettext(
+            "%(range)s: %(delivered)d delivered, %(failed)d failed (%(dead_lettered)d of "
+            "them dead-lettered)."
+        )
+        % {"range": range_label, **totals},
+    )
+
+
+def _hourly_charts(
+    points: Sequence[series.Point], scope: str, range_label: str, x: list[str], ticks: list[int]
+) -> list[Chart]:
     latency = gettext("Latency from publishing to the ack per hour, %(scope)s")
     return [
-        Chart(
-            outcomes % {"scope": scope},
-            charts.line_chart(
-                outcomes % {"scope": scope},
-                x,
-                ticks,
-                [
-                    charts.Series(
-                        gettext("delivered"), [p.delivered for p in points], charts.GREEN
-                    ),
-                    charts.Series(gettext("failed"), [p.failed for p in points], charts.RED),
-                    charts.Series(
-                        gettext("dead-lettered"),
-                        [p.dead_lettered for p in points],
-                        charts.PURPLE,
-                        True,
-                    ),
-                ],
-            ),
-            gettext(
-                "%(range)s: %(delivered)d delivered, %(failed)d failed (%(dead_lettered)d of "
-                "them dead-lettered)."
-            )
-            % {"range": range_label, **totals},
-        ),
+        _outcomes_chart(points, gettext("per hour"), scope, range_label, x, ticks),
         Chart(
             latency % {"scope": scope},
             charts.line_chart(

@@ -53,7 +53,9 @@ def session(app: str, master: str, conf: dict[str, str], jars: str | None) -> Sp
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise PipelineError("PySpark is not installed: pip install 'django-pgmb[spark]'") from None
+        raise PipelineError(
+            "PySpark is not installed: install pgmb's [spark] extra (pyspark>=4.0)"
+        ) from None
     # Python code on the executors (the publish job's partitions) runs in this very
     # interpreter, with its packages, unless PYSPARK_PYTHON or spark.pyspark.python names
     # another (as a cluster whose machines keep Python elsewhere must).

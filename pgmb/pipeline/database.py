@@ -66,7 +66,7 @@ class Database:
 
     @property
     def jdbc_properties(self) -> dict[str, str]:
-        """Spark JDBC options: driver, user, password; the server's time zone kept as UTC."""
+        """Spark JDBC options: the driver class, user and password."""
         props = {"driver": "org.postgresql.Driver"}
         if self.params.get("user"):
             props["user"] = self.params["user"]

@@ -9,7 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import BooleanField, F, Func, Model, OuterRef, Q, QuerySet, Subquery
+from django.db import connection
+from django.db.models import (
+    BooleanField,
+    F,
+    Func,
+    Model,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.expressions import RawSQL
 from django.db.models.sql.compiler import SQLCompiler
 from django.http import HttpRequest
 from django.urls import reverse
@@ -17,6 +28,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.timezone import now
 
+from .. import sql
 from ..models import Message, Queue
 
 if TYPE_CHECKING:
@@ -31,6 +43,13 @@ else:
 #: looks among: the routing-key search of the delivery, dead-letter and attempt lists, and
 #: the message list's "routed: No" (docs/decisions.md, "Lists that stay fast").
 MESSAGE_WINDOW = 10_000
+
+#: Up to how many messages with a routing-key prefix are read through the key's index to
+#: find the newest :data:`MESSAGE_WINDOW`; with more, the time index is walked instead,
+#: through the newest :data:`WALK_AT_MOST` messages at most (a prefix of more than one
+#: message in twenty fills the window within them, unless its messages are mostly older).
+FEW_MATCHES = 3 * MESSAGE_WINDOW
+WALK_AT_MOST = 20 * MESSAGE_WINDOW
 
 
 class ReadOnlyMixin:
@@ -63,8 +82,10 @@ class AnyOf(Func):
 
     output_field = BooleanField()
 
-    def __init__(self, column: str, subquery: QuerySet[Any]) -> None:
-        super().__init__(F(column), Subquery(subquery))
+    def __init__(self, column: str, subquery: QuerySet[Any] | RawSQL) -> None:
+        super().__init__(
+            F(column), subquery if isinstance(subquery, RawSQL) else Subquery(subquery)
+        )
 
     def as_sql(  # type: ignore[override]
         self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra: Any
@@ -105,12 +126,20 @@ class MessageSearchMixin(_SearchBase):
     def routing_key_prefix(self, prefix: str) -> Q | AnyOf:
         if self.message_id_field == "id":  # the messages themselves
             return Q(routing_key__startswith=prefix)
-        newest = (
-            Message.objects.filter(routing_key__startswith=prefix)
-            .order_by("-created_at", "-id")
-            .values("pk")[:MESSAGE_WINDOW]
-        )
-        return AnyOf(self.message_id_field, newest)
+        return AnyOf(self.message_id_field, newest_with_key(prefix))
+
+
+def newest_with_key(prefix: str) -> RawSQL:
+    """The ids of the newest :data:`MESSAGE_WINDOW` messages whose routing key starts with
+    ``prefix``: all messages are looked among when at most :data:`FEW_MATCHES` carry the
+    prefix (read through the key's index), the newest :data:`WALK_AT_MOST` when more do
+    (walked through the time index). Either way a bounded read, planned one way only
+    (``admin.sql: newest_with_key``)."""
+    pattern = connection.ops.prep_for_like_query(prefix) + "%"
+    few, window = FEW_MATCHES, MESSAGE_WINDOW
+    params = (pattern, few, few, window, WALK_AT_MOST, pattern, few, window)
+    # A statement of pgmb's own; the search term is a parameter.
+    return RawSQL(sql.query("admin.sql", "newest_with_key"), params)  # noqa: S611
 
 
 def queue_name_of(field: str = "queue_id") -> Subquery:

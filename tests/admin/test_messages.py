@@ -182,6 +182,22 @@ def test_attempt_list_survives_a_deleted_queue(admin_client, make_queue):
     assert f"{queue_id} (deleted)" in page
 
 
+def test_lists_search_by_routing_key_prefix_taken_literally(admin_client, make_queue):
+    # The lists of a message's rows find the messages by key in SQL of their own
+    # (admin.sql: newest_with_key): LIKE's wildcards in the term are plain characters there.
+    make_queue("#", name="everything")
+    literal = pgmb.send("a_b.created", {})
+    pgmb.send("axb.created", {})
+
+    def listed(term: str) -> list[str]:
+        response = admin_client.get(url("delivery_changelist"), {"q": term})
+        return [str(d.message_id) for d in response.context["cl"].result_list]
+
+    assert listed("a_b") == [str(literal)]
+    assert listed("a%") == []
+    assert len(listed("a")) == 2
+
+
 def test_lists_search_by_message_id(admin_client, stages):
     response = admin_client.get(url("attempt_changelist"), {"q": str(stages["acked"])})
 

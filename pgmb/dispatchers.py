@@ -88,6 +88,18 @@ def stop_call(dispatcher_id: int, delivered: int, failed: int) -> Call[bool]:
     )
 
 
+def idle_call(dispatcher_id: int) -> Call[bool]:
+    """Mark the dispatcher waiting for a NOTIFY; True once every publisher sees the mark
+    (no message insert was in flight), False if it should claim again shortly and ask
+    once more (``pgmb.dispatcher_idle``, migration 0017)."""
+    return Call(_statement("idle"), {"id": dispatcher_id}, _flag)
+
+
+def busy_call(dispatcher_id: int) -> Call[None]:
+    """Clear the mark: the dispatcher claims again without being woken."""
+    return Call(_statement("busy"), {"id": dispatcher_id}, lambda names, rows: None)
+
+
 def list_call(at: datetime.datetime | None = None) -> Call[list[DispatcherInfo]]:
     return Call(_statement("list"), {"at": at}, _infos)
 

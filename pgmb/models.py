@@ -510,6 +510,10 @@ class DispatcherProcess(models.Model):
     in_flight = models.IntegerField(_("in flight"), default=0, db_default=0)
     delivered = models.BigIntegerField(default=0, db_default=0)
     failed = models.BigIntegerField(default=0, db_default=0)
+    #: It found nothing to claim and waits for a NOTIFY: publishers send one only then
+    #: (``pgmb.wake_dispatchers``). NULL until its first claim, and for dispatchers older
+    #: than migration 0017: those are woken by every publisher, as before.
+    waiting = models.BooleanField(null=True, blank=True, default=None)
 
     class Meta:
         db_table = "pgmb_dispatcher"

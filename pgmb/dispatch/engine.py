@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from .. import deliveries, dispatchers
 from ..deliveries import Claimed, Failure, Success
+from .backoff import Backoff
 from .client import Outcome, new_session, post
 from .database import Database, Unavailable, listen
 from .pacing import UNPACED_RPS, Pacer
@@ -44,6 +45,12 @@ SHUTDOWN_GRACE = 10.0
 #: Seconds outcomes wait for others to be written with them, when there are few: at low
 #: rates this turns one query per delivery into one per few deliveries, for little delay.
 FLUSH_LINGER = 0.005
+
+#: Seconds between attempts to settle the waiting mark while message inserts are in
+#: flight: the first wait and the longest (a publisher's transaction that stays open keeps
+#: it from settling; its message is claimed at most this long after it commits).
+SETTLE_FIRST = 0.002
+SETTLE_CAP = 0.1
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,14 @@ class Dispatcher:
         #: Whether the last claim got all it asked for: then freed slots ask for more;
         #: otherwise nothing more is due, and NOTIFY, next_wakeup or the poll wakes the loop.
         self._more_due = True
+        #: Whether this dispatcher's row is marked waiting (publishers NOTIFY only then;
+        #: None: not said yet, and woken as if waiting), and whether the mark is settled:
+        #: every publisher since sees it. A claim that comes back full clears both
+        #: (pgmb.dispatcher_idle and _busy, migration 0017).
+        self._waiting: bool | None = None
+        self._settled = False
+        #: Waits while a message insert in flight keeps the mark from settling.
+        self._settling = Backoff(first=SETTLE_FIRST, cap=SETTLE_CAP)
         self._inflight: dict[asyncio.Task, Claimed] = {}
         self._posting: set[asyncio.Task] = set()
         self._acks: list[Success] = []
@@ -211,8 +226,14 @@ class Dispatcher:
                 self._start_ready()
                 self._more_due = len(rows) == want
                 if self._more_due:
+                    await self._mark_busy()
                     continue  # there may be more due right now
             timeout = opts.poll_interval
+            if want > 0 and not self._settled:
+                settle_in = await self._mark_idle()
+                if settle_in == 0:
+                    continue  # claim once more: what was committed before the mark
+                timeout = min(timeout, settle_in)
             if want > 0:
                 if self._wake.is_set():
                     # Woken during the claim (a NOTIFY, most often): claim again at once
@@ -227,8 +248,56 @@ class Dispatcher:
                     timeout = min(timeout, max(wake_in, 0.001))
             if deadline is not None:
                 timeout = min(timeout, max(deadline - time.monotonic(), 0))
-            timeout = min(timeout, max(next_beat - time.monotonic(), 0.001))
-            await self._sleep(timeout)
+            # Heartbeats fall due during a long wait: each is sent and the wait goes on
+            # (a beat is not a reason to claim; NOTIFY, the poll and next_wakeup are).
+            until = time.monotonic() + timeout
+            while (beat_in := next_beat - time.monotonic()) < until - time.monotonic():
+                if await self._sleep(max(beat_in, 0.001)) or self._stopping.is_set():
+                    break
+                await self._beat()
+                next_beat = time.monotonic() + opts.heartbeat_interval
+            else:
+                await self._sleep(max(until - time.monotonic(), 0))
+
+    async def _mark_idle(self) -> float:
+        """Mark this dispatcher waiting before it sleeps. Returns 0 once the mark is
+        settled (claim once more, then sleep until woken), or the seconds within which to
+        claim again and try to settle it (a publisher's insert was in flight, and both its
+        message and its NOTIFY may be missed otherwise). Unregistered, or refused by the
+        database: the poll interval, as before wake-ups depended on the mark.
+        """
+        if self.registration is None:
+            return self.options.poll_interval
+        try:
+            settled = await self._claims.run(dispatchers.idle_call(self.registration))
+        except Unavailable:
+            raise
+        except Exception as exc:
+            log.error("could not mark the dispatcher waiting (%s: %s)", type(exc).__name__, exc)
+            return self.options.poll_interval
+        self._waiting = True
+        if settled:
+            self._settled = True
+            self._settling.reset()
+            return 0.0
+        return self._settling.next()
+
+    async def _mark_busy(self) -> None:
+        """A claim came back full: the loop claims again by itself, so publishers need not
+        wake it (one write per busy spell, none while the mark is already clear)."""
+        if self._waiting is not False and self.registration is not None:
+            try:
+                await self._claims.run(dispatchers.busy_call(self.registration))
+            except Unavailable:
+                raise
+            except Exception as exc:
+                log.error(
+                    "could not clear the dispatcher's waiting mark (%s: %s)",
+                    type(exc).__name__,
+                    exc,
+                )
+                return
+        self._waiting = self._settled = False
 
     async def _beat(self) -> None:
         """Register, or record a heartbeat with the counters (register again if the row
@@ -251,6 +320,7 @@ class Dispatcher:
                     dispatchers.EXTERNAL, socket.gethostname(), os.getpid(), self.options.queues
                 )
             )
+            self._waiting, self._settled = None, False  # a new row: not said yet
             log.info("registered as dispatcher id=%d", self.registration)
         except Unavailable:
             raise
@@ -294,19 +364,19 @@ class Dispatcher:
             )
             return refused
 
-    async def _sleep(self, timeout: float) -> None:
-        """Wait until woken, or for ``timeout`` seconds.
+    async def _sleep(self, timeout: float) -> bool:
+        """Wait until woken, or for ``timeout`` seconds; True if woken.
 
-        A timer that sets the event costs less than ``asyncio.wait_for``, which wraps the
-        wait in a task of its own each time.
+        The event stays set until the loop clears it before its next claim: a wake-up that
+        comes as the wait times out is not lost.
         """
         if self._wake.is_set():
-            return
-        timer = asyncio.get_running_loop().call_later(timeout, self._wake.set)
+            return True
         try:
-            await self._wake.wait()
-        finally:
-            timer.cancel()
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            return self._wake.is_set()
+        return True
 
     def _start_ready(self) -> None:
         """Start claimed rows while there are free slots."""

@@ -115,6 +115,7 @@ CREATE TABLE public.pgmb_dispatcher (
     in_flight integer DEFAULT 0 NOT NULL,
     delivered bigint DEFAULT 0 NOT NULL,
     failed bigint DEFAULT 0 NOT NULL,
+    waiting boolean,
     CONSTRAINT pgmb_dispatcher_kind CHECK ((((kind)::text = 'external'::text) OR ((kind)::text = 'in_database'::text)))
 );
 
@@ -950,6 +951,33 @@ CREATE FUNCTION pgmb.dispatcher_beat(dispatcher_id bigint, in_flight integer, de
 $$;
 
 --
+-- Name: dispatcher_busy(bigint); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.dispatcher_busy(dispatcher_id bigint) RETURNS void
+    LANGUAGE sql
+    AS $$
+    UPDATE pgmb_dispatcher d SET waiting = false WHERE d.id = dispatcher_id AND d.waiting IS NOT false
+$$;
+
+--
+-- Name: dispatcher_idle(bigint); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.dispatcher_idle(dispatcher_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE pgmb_dispatcher d SET waiting = true WHERE d.id = dispatcher_id AND d.waiting IS NOT true;
+    BEGIN
+        LOCK TABLE pgmb_message IN SHARE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;
+
+--
 -- Name: dispatcher_start(text, text, integer, text[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -992,7 +1020,8 @@ CREATE FUNCTION pgmb.dispatcher_stop(dispatcher_id bigint, delivered bigint, fai
     WITH stopped AS (
         UPDATE pgmb_dispatcher d
         SET stopped_at = clock_timestamp(), heartbeat_at = clock_timestamp(), in_flight = 0,
-            delivered = dispatcher_stop.delivered, failed = dispatcher_stop.failed
+            delivered = dispatcher_stop.delivered, failed = dispatcher_stop.failed,
+            waiting = false
         WHERE d.id = dispatcher_id AND d.stopped_at IS NULL
         RETURNING 1
     )
@@ -1865,6 +1894,26 @@ CREATE FUNCTION pgmb.view_base(queue_name text) RETURNS text
     AS $_$ SELECT regexp_replace(queue_name, '_queue$', '') $_$;
 
 --
+-- Name: wake_dispatchers(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.wake_dispatchers() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF coalesce(current_setting('pgmb.notify', true), '') = 'off' THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR EXISTS (SELECT FROM pgmb_dispatcher d
+                  WHERE d.kind = 'external' AND d.waiting IS NOT false
+                    -- A killed dispatcher's mark would make publishers notify for ever.
+                    AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) = 'running') THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+END $$;
+
+--
 -- Name: worker(text, text, integer); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -2156,8 +2205,9 @@ AS $function$
                             RETURN NEW;
                         END IF;
                     END IF;
-                    -- One INSERT routes the whole statement's messages; the transaction's NOTIFY wakes
--- dispatchers once at commit (identical notifications in a transaction are merged).
+                    -- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
+-- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
+-- in a transaction are merged).
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
 SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at
 FROM new_messages AS m
@@ -2169,8 +2219,8 @@ JOIN pgmb_queue AS q
             OR split_part(q.binding_key, '.', 1) = split_part(m.routing_key, '.', 1)
           THEN ('.' || m.routing_key) ~ q.pattern
           ELSE false END;
-IF FOUND AND coalesce(current_setting('pgmb.notify', true), '') <> 'off' THEN
-    PERFORM pg_notify('pgmb', '');
+IF FOUND THEN
+    PERFORM pgmb.wake_dispatchers();
 END IF;
 RETURN NULL;
                 END;
@@ -2462,7 +2512,7 @@ CREATE TRIGGER pgtrigger_route_messages_110b5 AFTER INSERT ON public.pgmb_messag
 -- Name: TRIGGER pgtrigger_route_messages_110b5 ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '4be12525b0c77d438e10b30ae4f79040676e2dbe';
+COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '16171786ac3e17ac5d77f47a20bb8251be95f75d';
 
 --
 -- Name: pgmb_worker pgtrigger_worker_validate_2c011; Type: TRIGGER; Schema: public; Owner: -

@@ -9,8 +9,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -184,7 +186,8 @@ def test_sigterm_finishes_in_flight_and_releases_the_rest(
 
 def test_notify_wakes_a_dispatcher_at_once(spawn, recording_server, make_worker, make_queue):
     make_queue("#", worker=make_worker(endpoint=recording_server.url()))
-    # A poll every 10 minutes: whatever arrives within the wait below was woken by NOTIFY.
+    # A poll every 10 minutes (heartbeats do not end the wait): whatever arrives within
+    # the wait below was woken by NOTIFY.
     proc = spawn("--poll-interval", "600")
     wait_until(_dispatchers_idle, message="the dispatcher to reach its idle wait")
     for n in range(5):
@@ -194,6 +197,74 @@ def test_notify_wakes_a_dispatcher_at_once(spawn, recording_server, make_worker,
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     assert [r.json() for r in recording_server.requests] == [0, 1, 2, 3, 4]
+
+
+def _publisher() -> psycopg.Connection:
+    params = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _marked_waiting() -> bool:
+    return DispatcherProcess.objects.filter(stopped_at=None, waiting=True).exists()
+
+
+def test_a_publisher_in_flight_as_the_dispatcher_goes_idle_is_not_missed(
+    spawn, recording_server, make_worker, make_queue
+):
+    """Its check for waiting dispatchers ran before the dispatcher's mark, so its commit
+    sends no NOTIFY; the dispatcher must not sleep before it sees the message."""
+    make_queue("#", worker=make_worker(endpoint=recording_server.url()))
+    with _publisher() as publisher:
+        with publisher.transaction():
+            publisher.execute("SELECT pgmb.send(pgmb.uuid_v7(), 'k', '\"early\"')")
+            # A poll every 10 minutes (heartbeats do not end the wait): only the
+            # dispatcher's own re-claims can find it.
+            proc = spawn("--poll-interval", "600")
+            wait_until(_marked_waiting, message="the dispatcher to mark itself waiting")
+            assert not recording_server.requests
+        [request] = recording_server.wait_for(1)
+    assert request.json() == "early"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+
+def test_no_wake_up_is_lost_around_idle_and_busy_spells(
+    spawn, recording_server, make_worker, make_queue
+):
+    """One message at a time from three publishers: with one slot each delivery makes the
+    dispatcher busy (its mark cleared) and then idle again (marked and settled), so every
+    message is published close to a transition. A lost wake-up would wait for the poll."""
+    make_queue("#", worker=make_worker(endpoint=recording_server.url()))
+    proc = spawn("--poll-interval", "600", "--concurrency", "1", "--batch", "1")
+    wait_until(_dispatchers_idle, message="the dispatcher to reach its idle wait")
+    rounds, publishers = 40, 3
+    errors: list[BaseException] = []
+
+    def delivered(body: int) -> bool:
+        return body in {r.json() for r in recording_server.requests}
+
+    def publish(p: int) -> None:
+        try:
+            with _publisher() as conn:
+                for body in range(p * 1000, p * 1000 + rounds):
+                    conn.execute("SELECT pgmb.send(pgmb.uuid_v7(), 'k', %s::jsonb)", [f"{body}"])
+                    wait_until(partial(delivered, body), message=f"message {body} delivered")
+        except BaseException as exc:  # reported by the test's own thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish, args=(p,)) for p in range(publishers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert sorted(r.json() for r in recording_server.requests) == sorted(
+        p * 1000 + n for p in range(publishers) for n in range(rounds)
+    )
 
 
 def test_polling_delivers_without_notifications(

@@ -16,3 +16,9 @@ SELECT d.id, d.kind, d.host, d.pid, d.queues, d.started_at, d.heartbeat_at, d.st
        pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at, coalesce(%(at)s::timestamptz, now())) AS state,
        d.in_flight, d.delivered, d.failed
 FROM pgmb.dispatchers d
+
+-- name: idle
+SELECT pgmb.dispatcher_idle(dispatcher_id => %(id)s)
+
+-- name: busy
+SELECT pgmb.dispatcher_busy(dispatcher_id => %(id)s)

@@ -22,8 +22,9 @@ END IF;
 RETURN NULL;
 
 -- name: route_messages
--- One INSERT routes the whole statement's messages; the transaction's NOTIFY wakes
--- dispatchers once at commit (identical notifications in a transaction are merged).
+-- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
+-- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
+-- in a transaction are merged).
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
 SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at
 FROM new_messages AS m
@@ -35,7 +36,7 @@ JOIN pgmb_queue AS q
             OR split_part(q.binding_key, '.', 1) = split_part(m.routing_key, '.', 1)
           THEN ('.' || m.routing_key) ~ q.pattern
           ELSE false END;
-IF FOUND AND coalesce(current_setting('pgmb.notify', true), '') <> 'off' THEN
-    PERFORM pg_notify('pgmb', '');
+IF FOUND THEN
+    PERFORM pgmb.wake_dispatchers();
 END IF;
 RETURN NULL;

@@ -155,6 +155,19 @@ def _processes() -> dict[int, tuple[int, float]]:
     return found
 
 
+def _descendants(procs: dict[int, tuple[int, float]], roots: set[int]) -> set[int]:
+    """``roots`` and every process below them in ``procs``."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for pid, (parent, _) in procs.items():
+        children[parent].append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children[pid])
+    return found
+
+
 def _is_local_server() -> bool:
     host = os.environ.get("PGHOST", "")
     return host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/")
@@ -164,9 +177,41 @@ def postmaster() -> int | None:
     """The PID of the PostgreSQL server when it runs on this machine (else None)."""
     if not _is_local_server():
         return None
+    # Read while connected: a closed connection's backend is gone, its parent with it.
     with connect(os.environ.get("PGDATABASE", "postgres")) as conn:
-        backend = conn.info.backend_pid
-    return _processes().get(backend, (None, 0.0))[0]
+        return _processes().get(conn.info.backend_pid, (None, 0.0))[0]
+
+
+def tree_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by a local process and its descendants, the exited ones too.
+
+    For the whole PostgreSQL server (its postmaster): backends of clients that came and
+    went, e.g. pgbench's, count once the postmaster has reaped them. Ticks of 10 ms: for
+    runs of seconds, not for a single statement.
+    """
+    if pid is None:
+        return 0.0
+    procs = _processes()
+    return sum(procs[member][1] for member in _descendants(procs, {pid}) if member in procs)
+
+
+def children(pid: int | None) -> set[int]:
+    """The processes whose parent is ``pid`` (none when it is not local)."""
+    if pid is None:
+        return set()
+    return {child for child, (parent, _) in _processes().items() if parent == pid}
+
+
+def reaped(pid: int | None, known: set[int], timeout: float = 2.0) -> None:
+    """Wait until the children of ``pid`` that are not ``known`` have exited and been reaped.
+
+    A client's backend exits after the client does, and its CPU reaches its parent's
+    count only once reaped: until then :func:`tree_cpu` may miss it. Children born later
+    (an autovacuum worker) are not waited for.
+    """
+    deadline, waited = time.monotonic() + timeout, children(pid) - known
+    while waited & children(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def backend_cpu(pid: int | None) -> float:
@@ -196,14 +241,7 @@ class OtherLoad:
 
     def _others_cpu(self) -> float:
         procs = _processes()
-        children: dict[int, list[int]] = defaultdict(list)
-        for pid, (parent, _) in procs.items():
-            children[parent].append(pid)
-        ours, todo = set(), list(self._roots)
-        while todo:
-            pid = todo.pop()
-            ours.add(pid)
-            todo.extend(children[pid])
+        ours = _descendants(procs, self._roots)
         return sum(cpu for pid, (_, cpu) in procs.items() if pid not in ours)
 
     def start(self) -> None:
@@ -245,18 +283,22 @@ class Results:
 
 
 def measure(
-    pairs: Sequence[tuple[Case, Case]], rounds: int, load: OtherLoad, budget: int = 16
+    groups: Sequence[tuple[Case, ...]], rounds: int, load: OtherLoad, budget: int = 16
 ) -> Results:
-    """Run each (baseline, case) pair ``rounds`` times, the two right next to each other.
+    """Run each group, a (baseline, case) pair or longer, ``rounds`` times, its cases right
+    next to each other.
 
-    Which of the two goes first alternates, so that a burst of load elsewhere, or the slow
-    growth of the tables, does not lean on one side of a ratio. A loaded run is replaced
-    by one more run, ``budget`` times in all: a busy machine costs a little time, not double.
+    Which of a pair goes first alternates, so that a burst of load elsewhere, or the slow
+    growth of the tables, does not lean on one side of a ratio; a longer group (baselines
+    and the cases held against them) rotates: round r starts at its r-th member. A loaded
+    run is replaced by one more run, ``budget`` times in all: a busy machine costs a little
+    time, not double.
     """
     results = Results()
     for round_ in range(rounds):
-        for baseline, case in pairs:
-            for current in (baseline, case) if round_ % 2 == 0 else (case, baseline):
+        for group in groups:
+            shift = round_ % len(group)
+            for current in (*group[shift:], *group[:shift]):
                 for attempt in range(2):
                     load.start()
                     sample = current.run()
@@ -294,6 +336,8 @@ class Row:
     key: str = "rate"
     baseline: str | None = None
     goal: float | None = None
+    #: A second baseline, e.g. the physical limit behind the goal's: a second ratio column.
+    also: str | None = None
 
 
 @dataclass(frozen=True)
@@ -310,21 +354,33 @@ def print_table(
     rows: Sequence[Row],
     summary: Callable[[Sequence[float]], float],
     columns: Sequence[Column] = (),
+    ratio_title: str = "ratio",
+    also_title: str | None = None,
 ) -> None:
-    """One line per row: figure, range over the runs, ratio to its baseline, columns."""
-    head = f"  {'':<46} {'per sec':>9} {'(range)':>15} {'ratio':>6}"
+    """One line per row: figure, range over the runs, ratio to its baseline(s), columns.
+
+    ``also_title`` heads the column of the ratios to the rows' second baselines (``also``).
+    """
+
+    def ratio(value: float, baseline: str | None) -> str:
+        return f"{value / summary(results.values(baseline)):.2f}" if baseline else ""
+
+    width, also_width = max(6, len(ratio_title)), max(6, len(also_title or ""))
+    head = f"  {'':<46} {'per sec':>9} {'(range)':>15} {ratio_title:>{width}}"
+    head += f" {also_title:>{also_width}}" if also_title else ""
     print(head + "".join(f" {c.title:>13}" for c in columns))
     for row in rows:
         values = results.values(row.case, row.key)
         value = summary(values)
         spread = f"{min(values):,.0f}-{max(values):,.0f}" if len(values) > 1 else ""
-        ratio = value / summary(results.values(row.baseline)) if row.baseline else None
+        shown = f"{ratio(value, row.baseline):>{width}}"
+        shown += f" {ratio(value, row.also):>{also_width}}" if also_title else ""
         cells = "".join(f" {c.summary(results.values(row.case, c.key)):>13,.0f}" for c in columns)
         mark = ""
-        if ratio is not None and row.goal is not None:
-            mark = f"  goal >= {row.goal:g} " + ("met" if ratio >= row.goal else "NOT MET")
-        shown = f"{ratio:.2f}" if ratio is not None else ""
-        print(f"  {row.label:<46} {value:>9,.0f} {spread:>15} {shown:>6}{cells}{mark}")
+        if row.baseline and row.goal is not None:
+            met = value / summary(results.values(row.baseline)) >= row.goal
+            mark = f"  goal >= {row.goal:g} " + ("met" if met else "NOT MET")
+        print(f"  {row.label:<46} {value:>9,.0f} {spread:>15} {shown}{cells}{mark}")
     if note := results.load_note():
         print(f"  During the runs, {note}.")
 

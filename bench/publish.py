@@ -52,7 +52,7 @@ CREATE TABLE {BASELINE_TABLE} (
 """
 
 
-def _body(n: int) -> dict[str, Any]:
+def order_event(n: int) -> dict[str, Any]:
     """A plausible order event (~120 bytes of JSON)."""
     return {
         "order_id": n,
@@ -69,14 +69,14 @@ def _body(n: int) -> dict[str, Any]:
 def _send(n: int) -> int:
     import pgmb
 
-    pgmb.send(ROUTING_KEYS[n % 3], _body(n))
+    pgmb.send(ROUTING_KEYS[n % 3], order_event(n))
     return 1
 
 
 def _send_batch(n: int) -> int:
     import pgmb
 
-    pgmb.send_batch([(ROUTING_KEYS[i % 3], _body(n + i)) for i in range(BATCH)])
+    pgmb.send_batch([(ROUTING_KEYS[i % 3], order_event(n + i)) for i in range(BATCH)])
     return BATCH
 
 
@@ -87,7 +87,7 @@ def _sql_send(n: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pgmb.send(%s, %s, %s::jsonb)",
-            (uuid.uuid4(), ROUTING_KEYS[n % 3], json.dumps(_body(n))),
+            (uuid.uuid4(), ROUTING_KEYS[n % 3], json.dumps(order_event(n))),
         )
     return 1
 
@@ -102,7 +102,7 @@ def _insert(n: int) -> int:
     from django.db import connection
 
     # The parameters pgmb.send passes: id, key, body, headers, no absolute time, no delay.
-    params = (uuid.uuid4(), ROUTING_KEYS[n % 3], json.dumps(_body(n)), "{}", None, None)
+    params = (uuid.uuid4(), ROUTING_KEYS[n % 3], json.dumps(order_event(n)), "{}", None, None)
     with connection.cursor() as cursor:
         cursor.execute(_baseline_sql("send"), params)
     return 1
@@ -114,7 +114,7 @@ def _insert_batch(n: int) -> int:
     columns = (
         [uuid.uuid4() for _ in range(BATCH)],
         [ROUTING_KEYS[i % 3] for i in range(BATCH)],
-        [json.dumps(_body(n + i)) for i in range(BATCH)],
+        [json.dumps(order_event(n + i)) for i in range(BATCH)],
         ["{}"] * BATCH,
         [None] * BATCH,
         [None] * BATCH,

@@ -9,8 +9,9 @@ pgbench runs the custom scripts of ``bench/pgbench/`` from 4 clients and from 1,
 group of cases at a time, the cases of a group next to each other, their order rotating
 between rounds; the best of ``--rounds`` counts:
 
-* one message per transaction: a plain INSERT, ``pgmq.send``, SQL ``pgmb.send`` and the
-  same with ``pgmb.notify = off``;
+* one message per transaction: a plain INSERT, ``pgmq.send``, SQL ``pgmb.send`` (no
+  dispatcher waits, so no NOTIFY: a busy broker) and the same while a dispatcher waits
+  (every commit notifies);
 * batches of 100: a plain ``INSERT ... SELECT``, ``pgmq.send_batch`` and pgmb's
   ``INSERT INTO pgmb_message ... SELECT`` (pgmb has no SQL ``send_batch``).
 
@@ -54,6 +55,8 @@ class Spec:
     writes: str
     messages: int = 1
     options: str = ""
+    #: A dispatcher registered and marked waiting for the run: every commit notifies.
+    waiting: bool = False
 
 
 #: Each group: the plain table first (the physical limit), then PGMQ, then pgmb's cases.
@@ -61,7 +64,10 @@ SINGLES = (
     Spec("plain INSERT (twin table)", "plain_send.sql", "baseline"),
     Spec("pgmq.send()", "pgmq_send.sql", "pgmq"),
     Spec("pgmb.send()", "pgmb_send.sql", "pgmb"),
-    Spec("pgmb.send(), NOTIFY off", "pgmb_send.sql", "pgmb", options="-c pgmb.notify=off"),
+    # Without a waiting dispatcher pgmb sends no NOTIFY (migration 0017): the case above.
+    # With one, each commit notifies and takes the cluster-wide lock: the worst case, since
+    # a dispatcher that kept up with this rate would be busy, its mark cleared.
+    Spec("pgmb.send(), a dispatcher waiting", "pgmb_send.sql", "pgmb", waiting=True),
 )
 BATCHES = (
     Spec(f"plain INSERT ... SELECT {BATCH}", "plain_batch.sql", "baseline", BATCH),
@@ -111,10 +117,13 @@ def _case(
         with harness.connect() as conn:
             wal = "SELECT pg_current_wal_insert_lsn() - '0/0'"
             known = harness.children(server)
+            dispatcher = _waiting_dispatcher(conn) if spec.waiting else None
             wal_before, cpu_before = conn.execute(wal).fetchone()[0], harness.tree_cpu(server)
             outcome = pgbench_runner.run(
                 spec.script, database, clients, seconds, variables, spec.options
             )
+            if dispatcher is not None:
+                conn.execute("SELECT pgmb.dispatcher_stop(%s, 0, 0)", (dispatcher,))
             harness.reaped(server, known)
             wal_after, cpu_after = conn.execute(wal).fetchone()[0], harness.tree_cpu(server)
         messages = max(outcome.transactions * spec.messages, 1)
@@ -126,6 +135,15 @@ def _case(
         }
 
     return harness.Case(spec.label, run)
+
+
+def _waiting_dispatcher(conn: psycopg.Connection) -> int:
+    """Register a dispatcher and mark it waiting, as pgmb_dispatch does when idle."""
+    (dispatcher,) = conn.execute(
+        "SELECT pgmb.dispatcher_start('external', 'bench', pg_backend_pid())"
+    ).fetchone()
+    conn.execute("SELECT pgmb.dispatcher_idle(%s)", (dispatcher,))
+    return int(dispatcher)
 
 
 def _rows(specs: Sequence[Spec], goal: float) -> list[harness.Row]:

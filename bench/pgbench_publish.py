@@ -30,6 +30,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,6 @@ class Spec:
     script: str
     writes: str
     messages: int = 1
-    options: str = ""
     #: A dispatcher registered and marked waiting for the run: every commit notifies.
     waiting: bool = False
 
@@ -117,13 +117,10 @@ def _case(
         with harness.connect() as conn:
             wal = "SELECT pg_current_wal_insert_lsn() - '0/0'"
             known = harness.children(server)
-            dispatcher = _waiting_dispatcher(conn) if spec.waiting else None
-            wal_before, cpu_before = conn.execute(wal).fetchone()[0], harness.tree_cpu(server)
-            outcome = pgbench_runner.run(
-                spec.script, database, clients, seconds, variables, spec.options
-            )
-            if dispatcher is not None:
-                conn.execute("SELECT pgmb.dispatcher_stop(%s, 0, 0)", (dispatcher,))
+            with publish.waiting_dispatcher(conn) if spec.waiting else nullcontext():
+                wal_before = conn.execute(wal).fetchone()[0]
+                cpu_before = harness.tree_cpu(server)
+                outcome = pgbench_runner.run(spec.script, database, clients, seconds, variables)
             harness.reaped(server, known)
             wal_after, cpu_after = conn.execute(wal).fetchone()[0], harness.tree_cpu(server)
         messages = max(outcome.transactions * spec.messages, 1)
@@ -135,15 +132,6 @@ def _case(
         }
 
     return harness.Case(spec.label, run)
-
-
-def _waiting_dispatcher(conn: psycopg.Connection) -> int:
-    """Register a dispatcher and mark it waiting, as pgmb_dispatch does when idle."""
-    (dispatcher,) = conn.execute(
-        "SELECT pgmb.dispatcher_start('external', 'bench', pg_backend_pid())"
-    ).fetchone()
-    conn.execute("SELECT pgmb.dispatcher_idle(%s)", (dispatcher,))
-    return int(dispatcher)
 
 
 def _rows(specs: Sequence[Spec], goal: float) -> list[harness.Row]:

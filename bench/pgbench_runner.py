@@ -54,20 +54,18 @@ def run(
     clients: int,
     seconds: int,
     variables: dict[str, str],
-    options: str = "",
 ) -> Outcome:
     """``pgbench -n -f SCRIPTS/script -c clients -j clients -T seconds -M prepared``.
 
-    ``variables`` become ``-D name=value``; ``options`` is the backends' PGOPTIONS (e.g.
-    ``-c pgmb.notify=off``). The connection is libpq's environment (PGHOST, PGPORT, ...).
+    ``variables`` become ``-D name=value``. The connection is libpq's environment (PGHOST,
+    PGPORT, ...).
     A failed transaction aborts pgbench, and that raises: a figure needs every one to pass.
     """
     command = [binary(), "-n", "-M", "prepared", "-f", str(SCRIPTS / script)]
     command += ["-c", str(clients), "-j", str(clients), "-T", str(seconds)]
     for name, value in variables.items():
         command += ["-D", f"{name}={value}"]
-    env = {**os.environ, "PGOPTIONS": f"{os.environ.get('PGOPTIONS', '')} {options}".strip()}
-    done = subprocess.run([*command, database], capture_output=True, text=True, env=env)
+    done = subprocess.run([*command, database], capture_output=True, text=True)
     processed = re.search(r"number of transactions actually processed: (\d+)", done.stdout)
     tps = re.search(r"tps = ([\d.]+)", done.stdout)
     if done.returncode or not processed or not tps:

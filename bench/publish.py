@@ -19,7 +19,8 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -132,29 +133,43 @@ OPS: dict[str, Callable[[int], int]] = {
     "insert_batch": _insert_batch,
 }
 
-# (label, operation, clients, NOTIFY); each case after its baseline.
-BASELINE_1 = ("baseline: INSERT 1 row", "insert", 1, True)
-BASELINE_4 = ("baseline: INSERT 1 row", "insert", 4, True)
-BASELINE_BATCH = (f"baseline: INSERT {BATCH} rows (unnest)", "insert_batch", 1, True)
+# (label, operation, clients, a dispatcher waiting); each case after its baseline. With no
+# dispatcher waiting pgmb sends no NOTIFY (migration 0017); with one, every publishing
+# transaction does (the worst case: a dispatcher that kept up would be busy instead).
+BASELINE_1 = ("baseline: INSERT 1 row", "insert", 1, False)
+BASELINE_4 = ("baseline: INSERT 1 row", "insert", 4, False)
+BASELINE_BATCH = (f"baseline: INSERT {BATCH} rows (unnest)", "insert_batch", 1, False)
+WAITING = "a dispatcher waiting"
 PAIRS = (
-    (BASELINE_1, ("pgmb.send", "send", 1, True)),
-    (BASELINE_1, ("pgmb.send, NOTIFY off", "send", 1, False)),
-    (BASELINE_1, ("SQL pgmb.send()", "sql_send", 1, True)),
-    (BASELINE_4, ("pgmb.send", "send", 4, True)),
-    (BASELINE_4, ("pgmb.send, NOTIFY off", "send", 4, False)),
-    (BASELINE_BATCH, (f"pgmb.send_batch({BATCH})", "send_batch", 1, True)),
-    (BASELINE_BATCH, (f"pgmb.send_batch({BATCH}), NOTIFY off", "send_batch", 1, False)),
+    (BASELINE_1, ("pgmb.send", "send", 1, False)),
+    (BASELINE_1, (f"pgmb.send, {WAITING}", "send", 1, True)),
+    (BASELINE_1, ("SQL pgmb.send()", "sql_send", 1, False)),
+    (BASELINE_4, ("pgmb.send", "send", 4, False)),
+    (BASELINE_4, (f"pgmb.send, {WAITING}", "send", 4, True)),
+    (BASELINE_BATCH, (f"pgmb.send_batch({BATCH})", "send_batch", 1, False)),
+    (BASELINE_BATCH, (f"pgmb.send_batch({BATCH}), {WAITING}", "send_batch", 1, True)),
 )
 
 
-def _client(
-    op: str, notify: bool, start_at: float, seconds: float
-) -> tuple[int, float, float, float]:
+@contextmanager
+def waiting_dispatcher(conn: Any) -> Iterator[None]:
+    """A dispatcher registered and marked waiting, as pgmb_dispatch is when idle: every
+    publishing transaction notifies meanwhile."""
+    (dispatcher,) = conn.execute(
+        "SELECT pgmb.dispatcher_start('external', 'bench', pg_backend_pid())"
+    ).fetchone()
+    conn.execute("SELECT pgmb.dispatcher_idle(%s)", (dispatcher,))
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pgmb.dispatcher_stop(%s, 0, 0)", (dispatcher,))
+
+
+def _client(op: str, start_at: float, seconds: float) -> tuple[int, float, float, float]:
     """In a client process: ``op`` in a loop; (messages, end, server CPU s, client CPU s)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(f"SET pgmb.notify = {'on' if notify else 'off'}")
         cursor.execute("SELECT pg_backend_pid()")
         (backend,) = cursor.fetchone()
     # Start together and stop on the wall clock: the rate is what the server sustains with
@@ -171,17 +186,18 @@ def _client(
 def _case(
     spec: tuple[str, str, int, bool], pool: harness.Pool, seconds: float, written: Counter[str]
 ) -> harness.Case:
-    label, op, clients, notify = spec
+    label, op, clients, waiting = spec
     label = f"{label}, {clients} client{'s' if clients > 1 else ''}"
 
     def run() -> harness.Sample:
         # WAL is counted cluster-wide: exact on the throwaway cluster of `make bench`.
         with harness.connect() as conn:
             wal = "SELECT pg_current_wal_insert_lsn() - '0/0'"
-            before = conn.execute(wal).fetchone()[0]
-            start_at = time.time() + 0.2
-            answers = pool.map(_client, [(op, notify, start_at, seconds)] * clients)
-            after = conn.execute(wal).fetchone()[0]
+            with waiting_dispatcher(conn) if waiting else nullcontext():
+                before = conn.execute(wal).fetchone()[0]
+                start_at = time.time() + 0.2
+                answers = pool.map(_client, [(op, start_at, seconds)] * clients)
+                after = conn.execute(wal).fetchone()[0]
         total = sum(a[0] for a in answers)
         written["baseline" if op.startswith("insert") else "pgmb"] += total
         per_message = 1e6 / max(total, 1)

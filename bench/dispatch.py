@@ -324,11 +324,16 @@ def throughput(
         results,
         (
             harness.Row("aiohttp alone (the ceiling)", "raw"),
+            # Issue 9 asks 0.75 of the ceiling end to end (the core issue asked 0.5 steady).
             harness.Row(
                 "pgmb_dispatch, steady (first ack to last)", "dispatch", "rate", "raw", 0.5
             ),
             harness.Row(
-                "pgmb_dispatch, end to end (start to exit)", "dispatch", "end_to_end", "raw"
+                "pgmb_dispatch, end to end (start to exit)",
+                "dispatch",
+                "end_to_end",
+                "raw",
+                0.75,
             ),
         ),
         harness.median,

@@ -17,6 +17,7 @@ import pytest
 from django.db import connection
 
 import pgmb
+from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess, Worker
 from tests.httpserver import held, reply
 from tests.waiting import wait_until
@@ -200,10 +201,7 @@ def test_notify_wakes_a_dispatcher_at_once(spawn, recording_server, make_worker,
 
 
 def _publisher() -> psycopg.Connection:
-    params = dict(connection.get_connection_params())
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    return psycopg.connect(**params, autocommit=True)
+    return psycopg.connect(**conninfo_from_django("default"), autocommit=True)
 
 
 def _marked_waiting() -> bool:

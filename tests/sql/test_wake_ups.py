@@ -12,16 +12,10 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from django.db import connection
+
+from pgmb.dispatch.database import conninfo_from_django
 
 MARKER = "marker"
-
-
-def _params() -> dict:
-    params = dict(connection.get_connection_params())
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    return params
 
 
 @pytest.fixture
@@ -29,7 +23,7 @@ def connect(transactional_db) -> Iterator[Callable[..., psycopg.Connection]]:
     opened: list[psycopg.Connection] = []
 
     def open_one(**kw) -> psycopg.Connection:
-        conn = psycopg.connect(**_params(), autocommit=True, **kw)
+        conn = psycopg.connect(**conninfo_from_django("default"), autocommit=True, **kw)
         opened.append(conn)
         return conn
 

@@ -1,0 +1,560 @@
+"""Cost as the work grows: each figure with a big table next to the same with a small one.
+
+    scripts/with-cluster.sh .venv/bin/python bench/scale.py [--quick] [--stored 10000000]
+
+A scratch database is migrated and given a worker (a local nginx answering 200, as in
+``bench/dispatch.py``) and the five queues of ``bench/publish.py`` (``order.*`` gets every
+message, four get nothing); it is then cloned (``CREATE DATABASE ... TEMPLATE``) once per
+state to compare, so that a case and its baseline differ only in the size under test:
+
+1. publish: ``INSERT INTO pgmb_message ... SELECT`` of 100 messages (the statement of
+   ``bench/pgbench/pgmb_batch.sql``, ids from the column default ``pgmb.uuid_v7()``) from
+   one connection, into an empty table against one holding ``--stored`` messages already
+   delivered and acked (no delivery rows; no attempt rows either);
+2. claim+ack: ``pgmb.deliveries`` claim and ack statements (``claim_call``/``ack_call``),
+   100 at a time, from one connection, no HTTP, with a backlog of ``--small-backlog``
+   ready deliveries against ``--backlog`` (every 1,000 acked are published again, untimed,
+   so the backlog stays within 1,000 of its size);
+3. routing: case 1's publish with 5 queues bound against ``--queues`` (all but one
+   matching nothing: literal first words, ``*`` first words and ``#`` first words);
+4. dispatcher memory: ``manage.py pgmb_dispatch --until-idle`` delivering
+   ``--rss-deliveries`` to nginx, its VmRSS sampled from ``/proc``;
+5. the hot table: ``pgmb_delivery``'s size before that backlog, full, drained, after
+   autovacuum (as the cluster configures it), after ``VACUUM`` and after ``REINDEX``.
+
+Cases 1-3 run in rounds next to their baseline (``bench/harness.py``); the best run of each
+counts. Every clone is dropped at the end unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import endpoints, harness, publish  # noqa: E402
+
+QUEUE = "order_queue"
+BATCH = 100
+CONCURRENCY = 64
+UNLIMITED_RPS = 1_000_000
+FILL_CHUNK = 1_000_000
+#: Claim+ack runs publish this many again each time they have acked as many.
+REFILL = 1_000
+
+#: One publish: 100 messages, keys and ids as producers' would be (bench/pgbench/pgmb_batch.sql).
+PUBLISH = """
+INSERT INTO pgmb_message (routing_key, body)
+SELECT (%(keys)s::text[])[1 + g %% 3], %(body)s::jsonb
+FROM generate_series(1, %(count)s) AS g
+"""
+
+#: Messages delivered and acked long ago: no delivery rows, so the routing trigger is off
+#: (session_replication_role = replica). Ids are uuid_v7 of created_at, one every 10 ms,
+#: so they sort as pgmb.uuid_v7() makes them and all before any message published later.
+STORED = """
+INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at)
+SELECT encode(set_bit(set_bit(
+           overlay(uuid_send(gen_random_uuid())
+                   PLACING substring(int8send(floor(extract(epoch FROM t) * 1000)::bigint) FROM 3)
+                   FROM 1 FOR 6),
+           52, 1), 53, 1), 'hex')::uuid,
+       (%(keys)s::text[])[1 + g %% 3],
+       jsonb_build_object('order_id', g, 'customer', 'c-' || lpad((g %% 9973)::text, 5, '0'),
+                          'total', '129.90', 'currency', 'EUR',
+                          'lines', '[{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}]'::jsonb),
+       '{}', t, t
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g,
+     LATERAL (SELECT now() - (%(total)s - g) * interval '10 ms') AS s(t)
+"""
+
+SIZES = """
+SELECT pg_relation_size('pgmb_delivery'), pg_indexes_size('pgmb_delivery'),
+       pg_total_relation_size('pgmb_delivery')
+"""
+
+
+# --- The databases. ---
+
+
+def _admin() -> psycopg.Connection[Any]:
+    return harness.connect(os.environ.get("PGDATABASE", "postgres"))
+
+
+@contextlib.contextmanager
+def clones(template: str, names: Sequence[str], keep: bool) -> Iterator[dict[str, str]]:
+    """Copies of ``template`` (which nobody may be connected to); suffix -> database name."""
+    from django.db import connections
+
+    connections.close_all()
+    made = {name: f"{template}_{name}" for name in names}
+    try:
+        with _admin() as admin:
+            for database in made.values():
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(database)
+                    )
+                )
+                admin.execute(
+                    sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                        sql.Identifier(database), sql.Identifier(template)
+                    )
+                )
+        yield made
+    finally:
+        if not keep:
+            with _admin() as admin:
+                for database in made.values():
+                    admin.execute(
+                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                            sql.Identifier(database)
+                        )
+                    )
+
+
+def set_up(url: str) -> None:
+    """In the template: the worker and the five queues of bench/publish.py."""
+    from pgmb.models import Queue, Worker
+
+    worker = Worker.objects.create(name="bench", endpoint=url, rps=UNLIMITED_RPS)
+    Queue.objects.create(name=QUEUE, binding_key=publish.MATCHING_BINDING, worker=worker)
+    for name, binding in publish.OTHER_BINDINGS.items():
+        Queue.objects.create(name=name, binding_key=binding, worker=worker)
+
+
+def extra_bindings(count: int, literal_only: bool = False) -> list[str]:
+    """Bindings that match none of bench/publish.py's keys, a third of each kind (or all
+    with a literal first word).
+
+    A literal first word is ruled out before any regex runs; ``*`` and ``#`` first words
+    run their regex on every message.
+    """
+    kinds = ("svc{}.*.#",) if literal_only else ("svc{}.*.#", "*.svc{}.created", "#.svc{}")
+    return [kinds[n % len(kinds)].format(n) for n in range(count)]
+
+
+def add_queues(conn: psycopg.Connection[Any], bindings: Sequence[str]) -> None:
+    (worker,) = conn.execute("SELECT id FROM pgmb_worker WHERE name = 'bench'").fetchone()
+    with conn.transaction():
+        for n, binding in enumerate(bindings):
+            conn.execute("SELECT pgmb.create(%s, %s, %s::uuid, 5)", (f"extra_{n}", binding, worker))
+
+
+def _publish_params(count: int) -> dict[str, Any]:
+    return {
+        "keys": list(publish.ROUTING_KEYS),
+        "body": json.dumps(publish.order_event(1)),
+        "count": count,
+    }
+
+
+def fill_stored(conn: psycopg.Connection[Any], total: int) -> None:
+    """``total`` old messages with no deliveries, in chunks; then vacuumed as autovacuum would."""
+    began = time.monotonic()
+    conn.execute("SET session_replication_role = replica")
+    for first in range(1, total + 1, FILL_CHUNK):
+        last = min(total, first + FILL_CHUNK - 1)
+        params = {"keys": list(publish.ROUTING_KEYS), "first": first, "last": last, "total": total}
+        conn.execute(STORED, params)
+        print(f"  stored {last:,} of {total:,} ({time.monotonic() - began:.0f} s)", flush=True)
+    conn.execute("RESET session_replication_role")
+    settle(conn)
+
+
+def fill_backlog(conn: psycopg.Connection[Any], total: int) -> None:
+    """``total`` messages published and routed: ``total`` ready deliveries."""
+    began = time.monotonic()
+    for done in range(0, total, FILL_CHUNK):
+        count = min(FILL_CHUNK, total - done)
+        conn.execute(PUBLISH, _publish_params(count))
+        print(f"  routed {done + count:,} of {total:,} ({time.monotonic() - began:.0f} s)")
+    settle(conn)
+
+
+def settle(conn: psycopg.Connection[Any]) -> None:
+    """What a table filled over days would have had: vacuumed, analysed; then a checkpoint,
+    so that the fill's dirty pages are not written during the runs."""
+    conn.execute("VACUUM (ANALYZE) pgmb_message")
+    conn.execute("VACUUM (ANALYZE) pgmb_delivery")
+    conn.execute("CHECKPOINT")
+
+
+def rows(conn: psycopg.Connection[Any], table: str) -> int:
+    (count,) = conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+    ).fetchone()
+    return int(count)
+
+
+# --- 1 and 3: publishing. ---
+
+
+def publish_case(label: str, conn: psycopg.Connection[Any], seconds: float) -> harness.Case:
+    params = _publish_params(BATCH)
+
+    def run() -> harness.Sample:
+        backend = conn.info.backend_pid
+        server, count = harness.backend_cpu(backend), 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            conn.execute(PUBLISH, params)
+            count += BATCH
+        elapsed = time.perf_counter() - start
+        return {
+            "rate": count / elapsed,
+            "server_us": (harness.backend_cpu(backend) - server) / count * 1e6,
+        }
+
+    return harness.Case(label, run)
+
+
+def routing_problems(conn: psycopg.Connection[Any], name: str) -> list[str]:
+    """Every message of the runs delivered once, to the order.* queue only."""
+    messages = rows(conn, "pgmb_message")
+    ours, others = conn.execute(
+        "SELECT count(*) FILTER (WHERE q.name = %s), count(*) FILTER (WHERE q.name <> %s)"
+        " FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id",
+        (QUEUE, QUEUE),
+    ).fetchone()
+    problems = []
+    if others:
+        problems.append(f"{name}: {others:,} deliveries to queues that must match nothing")
+    if ours != messages:
+        problems.append(f"{name}: {ours:,} deliveries to {QUEUE} for {messages:,} messages")
+    return problems
+
+
+# --- 2: claim and ack. ---
+
+
+def _run(conn: psycopg.Connection[Any], call: Any) -> Any:
+    """A pgmb.deliveries call on a plain psycopg connection (autocommit: one commit each)."""
+    cursor = conn.execute(call.query, call.params)
+    names = [c.name for c in cursor.description] if cursor.description else []
+    return call.read(names, cursor.fetchall() if cursor.description else [])
+
+
+def claim_ack_case(label: str, conn: psycopg.Connection[Any], seconds: float) -> harness.Case:
+    """Claim and ack for ``seconds`` of their own time; every ``REFILL`` deliveries acked,
+    as many are published again (not timed), so the backlog stays within REFILL of its size."""
+    from pgmb import deliveries
+
+    def run() -> harness.Sample:
+        backend = conn.info.backend_pid
+        done, elapsed, server = 0, 0.0, 0.0
+        while elapsed < seconds:
+            cpu, start = harness.backend_cpu(backend), time.perf_counter()
+            for _ in range(REFILL // BATCH):
+                claims = _run(conn, deliveries.claim_call([QUEUE], BATCH))
+                if len(claims) < BATCH:
+                    raise RuntimeError(f"{label}: the backlog ran dry")
+                successes = [deliveries.Success(c.delivery_id, 200, 1.0) for c in claims]
+                if _run(conn, deliveries.ack_call(successes)) != len(claims):
+                    raise RuntimeError(f"{label}: fewer acks than claims")
+            elapsed += time.perf_counter() - start
+            server += harness.backend_cpu(backend) - cpu
+            done += REFILL
+            conn.execute(PUBLISH, _publish_params(REFILL))
+        return {"rate": done / elapsed, "server_us": server / done * 1e6}
+
+    return harness.Case(label, run)
+
+
+# --- 4 and 5: the dispatcher's memory, the hot table's size. ---
+
+
+def vm_rss(pid: int) -> float | None:
+    """Resident memory of a process in MB (None once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class Drain:
+    deliveries: int
+    seconds: float
+    #: (deliveries acked so far, MB), one sample each 0.5 s.
+    rss: list[tuple[int, float]]
+    other_cores: float
+
+
+def drain(database: str, total: int) -> Drain:
+    """``pgmb_dispatch --until-idle`` over the backlog; its memory as it goes."""
+    env = {**os.environ, "PGMB_BENCH_DB": database}
+    argv = [sys.executable, "-m", "django", "pgmb_dispatch", "--concurrency", str(CONCURRENCY),
+            "--until-idle", "--queue", QUEUE, "-v", "0"]  # fmt: skip
+    deleted = "SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'pgmb_delivery'"
+    samples: list[tuple[int, float]] = []
+    load = harness.OtherLoad(harness.postmaster())
+    with harness.connect(database) as conn:
+        (before,) = conn.execute(deleted).fetchone()
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env)
+        while proc.poll() is None:
+            mb = vm_rss(proc.pid)
+            (now,) = conn.execute(deleted).fetchone()
+            if mb is not None:
+                samples.append((now - before, mb))
+            time.sleep(0.5)
+        seconds = time.perf_counter() - start
+        if proc.returncode:
+            raise RuntimeError(f"pgmb_dispatch exited with {proc.returncode}")
+        left = rows(conn, "pgmb_delivery")
+        (acked,) = conn.execute(
+            "SELECT count(*) FROM pgmb_attempt WHERE outcome = 'ack'"
+        ).fetchone()
+    if left or acked != total:
+        raise RuntimeError(f"dispatch check failed: {acked:,} acks of {total:,}, {left:,} left")
+    return Drain(total, seconds, samples, load.cores())
+
+
+def sizes(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
+    heap, indexes, total = conn.execute(SIZES).fetchone()
+    return heap, indexes, total
+
+
+def autovacuumed(conn: psycopg.Connection[Any], after: Any, wait: float) -> Any:
+    """When autovacuum last finished on pgmb_delivery after ``after`` (None: not in ``wait`` s)."""
+    deadline = time.monotonic() + wait
+    while True:
+        (last,) = conn.execute(
+            "SELECT last_autovacuum FROM pg_stat_user_tables WHERE relname = 'pgmb_delivery'"
+        ).fetchone()
+        if last is not None and last > after:
+            return last
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(1)
+
+
+def memory_and_hot_table(database: str, total: int, wait: float) -> None:
+    mb = 1024 * 1024
+    table: list[tuple[str, tuple[int, int, int]]] = []
+    with harness.connect(database) as conn:
+        table.append(("empty, before the backlog", sizes(conn)))
+        fill_backlog(conn, total)
+        table.append((f"{total:,} ready deliveries", sizes(conn)))
+        (counted_before,) = conn.execute(
+            "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'pgmb_delivery'"
+        ).fetchone()
+    result = drain(database, total)
+    with harness.connect(database) as conn:
+        (drained_at, counted) = conn.execute(
+            "SELECT now(), autovacuum_count FROM pg_stat_user_tables"
+            " WHERE relname = 'pgmb_delivery'"
+        ).fetchone()
+        table.append(("drained (dispatcher exited)", sizes(conn)))
+        last = autovacuumed(conn, drained_at, wait)
+        table.append(
+            (
+                f"then autovacuum ({'ran' if last else f'had not run after {wait:g} s'})",
+                sizes(conn),
+            )
+        )
+        conn.execute("VACUUM pgmb_delivery")
+        table.append(("then VACUUM pgmb_delivery", sizes(conn)))
+        conn.execute("REINDEX TABLE CONCURRENTLY pgmb_delivery")
+        table.append(("then REINDEX TABLE CONCURRENTLY", sizes(conn)))
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN ('autovacuum',"
+                " 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor',"
+                " 'autovacuum_vacuum_threshold', 'autovacuum_vacuum_cost_limit',"
+                " 'autovacuum_vacuum_cost_delay')"
+            ).fetchall()
+        )
+
+    # Before the first ack the process is still importing: its start is its first delivery.
+    samples = [(n, m) for n, m in result.rss if n > 0] or result.rss
+    warm = next((m for n, m in samples if n >= total * 0.05), samples[0][1])
+    end, peak = samples[-1][1], max(m for _, m in samples)
+    growth = end - warm
+    print(
+        f"\n4. Dispatcher memory: pgmb_dispatch --until-idle, {CONCURRENCY} in flight, "
+        f"{total:,} deliveries to nginx in {result.seconds:.0f} s "
+        f"({total / result.seconds:,.0f}/s); VmRSS every 0.5 s against the deliveries acked so "
+        "far (pg_stat_user_tables, up to 1 s late); every delivery acked."
+    )
+    print("  deliveries acked   VmRSS MB")
+    shown = -1
+    for n, m in samples:
+        step = int(10 * n / total)
+        if step > shown or (n, m) == samples[-1]:
+            print(f"  {n:>16,} {m:>10.1f}")
+            shown = step
+    print(
+        f"  first delivery {samples[0][1]:.1f} MB, after 5 % (warm) {warm:.1f} MB, "
+        f"end {end:.1f} MB, "
+        f"max {peak:.1f} MB; growth warm to end {growth:+.1f} MB: goal < 20 MB "
+        + ("met" if growth < 20 else "NOT MET")
+    )
+    print(f"  During the drain, other processes kept {result.other_cores:.2f} cores busy.")
+
+    print(
+        f"\n5. The hot table: pgmb_delivery (MB), autovacuum ran {counted - counted_before} "
+        f"times during the drain. Autovacuum: "
+        + ", ".join(f"{k.removeprefix('autovacuum_')}={v}" for k, v in sorted(settings.items()))
+    )
+    print(f"  {'':<46} {'heap':>8} {'indexes':>8} {'total':>8}")
+    for label, (heap, indexes, all_) in table:
+        print(f"  {label:<46} {heap / mb:>8.2f} {indexes / mb:>8.2f} {all_ / mb:>8.2f}")
+
+
+# --- Main. ---
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a check, not figures")
+    parser.add_argument("--stored", type=int, default=10_000_000, help="messages already stored")
+    parser.add_argument("--backlog", type=int, default=1_000_000, help="ready deliveries, large")
+    parser.add_argument("--small-backlog", type=int, default=10_000, help="its baseline")
+    parser.add_argument("--queues", type=int, default=1_000, help="queues bound (baseline 5)")
+    parser.add_argument("--rss-deliveries", type=int, default=1_000_000)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per run (default 2)")
+    parser.add_argument("--rounds", type=int, default=4, help="runs of each case (default 4)")
+    parser.add_argument("--autovacuum-wait", type=float, default=120.0, help="seconds at most")
+    parser.add_argument("--goal", type=float, default=0.8, help="ratio to reach (default 0.8)")
+    parser.add_argument("--db", default="pgmb_bench_scale", help="scratch database to create")
+    parser.add_argument("--keep", action="store_true", help="do not drop the databases")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.stored, args.backlog, args.small_backlog = 50_000, 50_000, 2_000
+        args.queues, args.rss_deliveries = 100, 20_000
+        args.seconds, args.rounds, args.autovacuum_wait = 0.5, 1, 0.0
+    base_queues = 1 + len(publish.OTHER_BINDINGS)
+    if (
+        args.queues <= base_queues
+        or min(args.stored, args.backlog) < 1
+        or args.small_backlog < 2 * REFILL
+    ):
+        parser.error(
+            f"--queues must exceed {base_queues}, --small-backlog must be at least {2 * REFILL}"
+        )
+
+    began = time.monotonic()
+    names = ("empty", "stored", "routing", "literal", "small", "large", "rss")
+    with (
+        endpoints.fast_endpoint() as fast,
+        harness.scratch_database(args.db, args.keep),
+    ):
+        set_up(fast.url())
+        with clones(args.db, names, args.keep) as db:
+            harness.print_machine(
+                endpoint=f"{fast.describe()} on 127.0.0.1, answering 200",
+                sizes=f"stored {args.stored:,}, backlog {args.small_backlog:,} vs "
+                f"{args.backlog:,}, queues 5 vs {args.queues:,}, "
+                f"rss deliveries {args.rss_deliveries:,}",
+            )
+            conns = {name: harness.connect(db[name]) for name in names[:-1]}
+            try:
+                print(f"\nFilling (not timed): {args.stored:,} stored messages", flush=True)
+                fill_stored(conns["stored"], args.stored)
+                print(f"Backlogs: {args.small_backlog:,} and {args.backlog:,}", flush=True)
+                fill_backlog(conns["small"], args.small_backlog)
+                fill_backlog(conns["large"], args.backlog)
+                extra = args.queues - base_queues
+                add_queues(conns["routing"], extra_bindings(extra))
+                add_queues(conns["literal"], extra_bindings(extra, literal_only=True))
+                for name in ("empty", "routing", "literal"):
+                    settle(conns[name])
+                load = harness.OtherLoad(harness.postmaster())
+                s = args.seconds
+                publishing = (
+                    publish_case("empty", conns["empty"], s),
+                    publish_case("stored", conns["stored"], s),
+                    publish_case("routing", conns["routing"], s),
+                    publish_case("literal", conns["literal"], s),
+                )
+                claiming = (
+                    claim_ack_case("small", conns["small"], s),
+                    claim_ack_case("large", conns["large"], s),
+                )
+                results = harness.measure([publishing, claiming], args.rounds, load)
+                print(
+                    f"\n1 and 3. Publishing, INSERT ... SELECT of {BATCH} messages from one "
+                    f"connection, {args.rounds} runs of {s:g} s; best run; ratio to the empty "
+                    "table with 5 queues. CPU: the server backend's per message (least)."
+                )
+                cpu = (harness.Column("server us/msg", "server_us", harness.least),)
+                harness.print_table(
+                    results,
+                    (
+                        harness.Row("empty table, 5 queues", "empty"),
+                        harness.Row(
+                            f"{args.stored:,} messages stored", "stored", "rate", "empty", args.goal
+                        ),
+                        harness.Row(
+                            f"{args.queues:,} queues bound (mix)",
+                            "routing",
+                            "rate",
+                            "empty",
+                            args.goal,
+                        ),
+                        harness.Row(
+                            f"{args.queues:,} queues bound, literal first words",
+                            "literal",
+                            "rate",
+                            "empty",
+                            args.goal,
+                        ),
+                    ),
+                    harness.best,
+                    cpu,
+                )
+                print(
+                    f"\n2. Claim+ack, batches of {BATCH} through pgmb.deliveries' statements "
+                    f"from one connection, {args.rounds} runs of {s:g} s, the backlog refilled "
+                    "after each; best run; ratio to the small backlog."
+                )
+                harness.print_table(
+                    results,
+                    (
+                        harness.Row(f"backlog {args.small_backlog:,} ready", "small"),
+                        harness.Row(
+                            f"backlog {args.backlog:,} ready", "large", "rate", "small", args.goal
+                        ),
+                    ),
+                    harness.best,
+                    cpu,
+                )
+                problems = [
+                    p
+                    for name in ("empty", "routing", "literal")
+                    for p in routing_problems(conns[name], name)
+                ]
+            finally:
+                for conn in conns.values():
+                    conn.close()
+            memory_and_hot_table(db["rss"], args.rss_deliveries, args.autovacuum_wait)
+    if problems:
+        print("\nROUTING CHECK FAILED:\n  " + "\n  ".join(problems))
+        return 1
+    print(f"\nrouting check passed; took {time.monotonic() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

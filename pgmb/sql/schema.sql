@@ -42,6 +42,7 @@ CREATE TABLE public.pgmb_queue (
     paused boolean DEFAULT false NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     worker_id uuid NOT NULL,
+    literal_words text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT pgmb_queue_backoff_valid CHECK (((backoff_base >= (0)::double precision) AND (backoff_max >= backoff_base))),
     CONSTRAINT pgmb_queue_lease_positive CHECK ((lease_seconds > (0)::double precision)),
     CONSTRAINT pgmb_queue_max_retries_check CHECK ((max_retries >= 0)),
@@ -434,6 +435,18 @@ CREATE FUNCTION pgmb.archive_lock_key(kind text) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT hashtextextended('pgmb archive ' || kind, 0)
+$$;
+
+--
+-- Name: binding_literals(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.binding_literals(binding_key text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+    SELECT coalesce(array_agg(word), '{}')
+    FROM unnest(string_to_array(binding_key, '.')) AS word
+    WHERE word NOT IN ('*', '#')
 $$;
 
 --
@@ -1336,6 +1349,7 @@ BEGIN
                   DETAIL = format('Both would own the view pgmb.%I.', pgmb.view_base(q.name) || '_queue');
     END IF;
     q.pattern := pgmb.compile_binding(q.binding_key);
+    q.literal_words := pgmb.binding_literals(q.binding_key);
     IF q.max_retries IS NULL OR q.max_retries < 0 THEN
         RAISE EXCEPTION 'invalid max_retries % for queue %: it must be 0 or more', q.max_retries, q.name
             USING ERRCODE = 'invalid_parameter_value';
@@ -2211,11 +2225,15 @@ AS $function$
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
 SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at
 FROM new_messages AS m
--- PostgreSQL caches only 32 compiled regexes per backend; past that every match compiles
--- its pattern again. A binding whose first word is literal matches only keys with that
--- first word, so that cheap test runs first (CASE fixes the order) and spares the regex.
+-- Candidates first: a queue whose binding has a literal word that is not a word of the key
+-- cannot match (with many queues, a lookup in the GIN index pgmb_queue_literal_words;
+-- migration 0019). PostgreSQL caches only 32 compiled regexes per backend; past that every
+-- match compiles its pattern again. A binding whose first word is literal matches only keys
+-- with that first word, so that cheap test runs next (CASE fixes the order) and spares the
+-- regex.
 JOIN pgmb_queue AS q
-  ON CASE WHEN split_part(q.binding_key, '.', 1) IN ('*', '#')
+  ON q.literal_words <@ string_to_array(m.routing_key, '.')
+ AND CASE WHEN split_part(q.binding_key, '.', 1) IN ('*', '#')
             OR split_part(q.binding_key, '.', 1) = split_part(m.routing_key, '.', 1)
           THEN ('.' || m.routing_key) ~ q.pattern
           ELSE false END;
@@ -2455,6 +2473,12 @@ CREATE INDEX pgmb_message_created ON public.pgmb_message USING btree (created_at
 CREATE INDEX pgmb_message_routing_key ON public.pgmb_message USING btree (routing_key varchar_pattern_ops);
 
 --
+-- Name: pgmb_queue_literal_words; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_queue_literal_words ON public.pgmb_queue USING gin (literal_words);
+
+--
 -- Name: pgmb_queue_name_ad815ccf_like; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -2512,7 +2536,7 @@ CREATE TRIGGER pgtrigger_route_messages_110b5 AFTER INSERT ON public.pgmb_messag
 -- Name: TRIGGER pgtrigger_route_messages_110b5 ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '16171786ac3e17ac5d77f47a20bb8251be95f75d';
+COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '3c41ef51d2b46910ddcacd0be395d7fde783379e';
 
 --
 -- Name: pgmb_worker pgtrigger_worker_validate_2c011; Type: TRIGGER; Schema: public; Owner: -

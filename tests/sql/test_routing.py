@@ -1,6 +1,8 @@
 """Topic routing: the truth table, run through the SQL compiler, the Python compiler and
 the trigger itself, so all three agree."""
 
+import itertools
+
 import pytest
 
 from pgmb import deliveries, routing
@@ -130,6 +132,41 @@ def test_many_queues_route_exactly(make_worker, make_queue, sql):
     }
     assert routed == expected
     assert ("svc7.*.#", "svc7.a.b") in routed and ("#.eu", "svc59.x.eu") in routed
+
+
+def test_candidate_queues_by_literal_words_miss_no_match(make_worker, make_queue, sql):
+    """Routing picks candidates by the bindings' literal words (migration 0019) before it
+    runs their regexes: every shape of binding, many keys, the same answer as Python's."""
+    worker = make_worker()
+    shapes = ("s{n}.*.#", "*.s{n}.created", "#.s{n}", "s{n}.#.eu", "#.s{n}.#", "s{n}", "*.*.s{n}")
+    bindings = [shape.format(n=n) for n in range(12) for shape in shapes]
+    bindings += ["#", "*", "*.*", "#.*", "a..c"]
+    for binding in bindings:
+        make_queue(binding, worker=worker)
+    words = ["s1", "s7", "s11", "created", "eu", "x", "", "a", "c"]
+    keys = sorted({".".join(c) for c in itertools.product(words, repeat=3)} | set(words) - {""})
+    sql(
+        "INSERT INTO pgmb_message (routing_key, body) SELECT k, '1' FROM unnest(%s::text[]) k",
+        (keys,),
+    )
+    routed = set(Delivery.objects.values_list("queue__binding_key", "message__routing_key"))
+    expected = {
+        (binding, key)
+        for binding in bindings
+        for key in keys
+        if routing.matches(routing.compile_binding(binding), key)
+    }
+    assert routed == expected
+    assert len(expected) > 1000  # not vacuous
+
+
+def test_literal_words_follow_the_binding(make_queue, sql):
+    queue = make_queue("order.*.#.eu")
+    literal = "SELECT literal_words FROM pgmb_queue WHERE id = %s"
+    assert sql(literal, (queue.pk,)) == [(["order", "eu"],)]
+    queue.binding_key = "#"
+    queue.save()
+    assert sql(literal, (queue.pk,)) == [([],)]
 
 
 def test_deleting_a_queue_in_sql_takes_its_deliveries_and_dead_letters(make_queue, sql):

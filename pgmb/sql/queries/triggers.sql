@@ -28,11 +28,15 @@ RETURN NULL;
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
 SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at
 FROM new_messages AS m
--- PostgreSQL caches only 32 compiled regexes per backend; past that every match compiles
--- its pattern again. A binding whose first word is literal matches only keys with that
--- first word, so that cheap test runs first (CASE fixes the order) and spares the regex.
+-- Candidates first: a queue whose binding has a literal word that is not a word of the key
+-- cannot match (with many queues, a lookup in the GIN index pgmb_queue_literal_words;
+-- migration 0019). PostgreSQL caches only 32 compiled regexes per backend; past that every
+-- match compiles its pattern again. A binding whose first word is literal matches only keys
+-- with that first word, so that cheap test runs next (CASE fixes the order) and spares the
+-- regex.
 JOIN pgmb_queue AS q
-  ON CASE WHEN split_part(q.binding_key, '.', 1) IN ('*', '#')
+  ON q.literal_words <@ string_to_array(m.routing_key, '.')
+ AND CASE WHEN split_part(q.binding_key, '.', 1) IN ('*', '#')
             OR split_part(q.binding_key, '.', 1) = split_part(m.routing_key, '.', 1)
           THEN ('.' || m.routing_key) ~ q.pattern
           ELSE false END;

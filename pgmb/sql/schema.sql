@@ -779,22 +779,29 @@ CREATE PROCEDURE pgmb.dispatch_loop(IN seconds double precision DEFAULT 55, IN b
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    commit_every integer;
+    commit_ms float8;
     deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
     next_reclaim timestamptz := clock_timestamp();
     claimed pgmb.claimed[];
     c pgmb.claimed;
-    following pgmb.claimed;
     outcome pgmb.http_outcome;
     started timestamptz;
     next_post jsonb := '{}';
     wait float8;
-    -- Whether the start mark of the delivery about to be posted is committed.
-    marked boolean := false;
+    paced boolean;
+    -- Outcomes written since the last COMMIT, when the first of them was, and how long
+    -- the last request took (the guess for the next one).
+    pending integer := 0;
+    pending_since timestamptz;
+    last_post_ms float8 := 0;
     me bigint;
     next_beat timestamptz := clock_timestamp() + interval '5 seconds';
     delivered bigint := 0;
     failed bigint := 0;
 BEGIN
+    -- Read first: a bad setting stops the loop before it writes anything.
+    SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
     IF pgmb.http_transport() IS NULL THEN
         RAISE EXCEPTION 'pgmb: no HTTP transport in this database' USING ERRCODE = 'feature_not_supported';
     END IF;
@@ -823,24 +830,17 @@ BEGIN
             END;
             next_reclaim := clock_timestamp() + interval '5 seconds';
         END IF;
-        marked := false;
         BEGIN
             SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
-            following := claimed[1];
-            IF following.delivery_id IS NOT NULL
-               AND NOT (following.rps < 1000 AND coalesce((next_post ->> following.worker_id::text)::float8
-                                                          > extract(epoch FROM clock_timestamp()), false)) THEN
-                PERFORM pgmb.start(ARRAY[following.delivery_id], ARRAY[following.lease_id]);
-                marked := true;
-            END IF;
         EXCEPTION WHEN others THEN
             -- Nothing claimed: wait as when nothing is due, then try again.
             RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
             claimed := NULL;
-            marked := false;
         END;
-        COMMIT;
         IF claimed IS NULL THEN
+            -- Nothing waits for a sleep: the outcomes still pending are committed first.
+            COMMIT;
+            pending := 0;
             wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
                           extract(epoch FROM deadline - clock_timestamp()));
             COMMIT;
@@ -855,33 +855,48 @@ BEGIN
                                      ARRAY(SELECT x.lease_id FROM unnest(claimed[i:]) AS x));
                 COMMIT;
                 IF me IS NOT NULL THEN
-                BEGIN
-                    PERFORM pgmb.dispatcher_stop(me, delivered, failed);
-                EXCEPTION WHEN others THEN
-                    RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
-                END;
-            END IF;
+                    BEGIN
+                        PERFORM pgmb.dispatcher_stop(me, delivered, failed);
+                    EXCEPTION WHEN others THEN
+                        RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
+                    END;
+                END IF;
                 COMMIT;
                 RETURN;
             END IF;
             -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
+            paced := false;
             IF c.rps < 1000 AND next_post ? c.worker_id::text THEN
                 wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
-                IF wait > 0 THEN PERFORM pg_sleep(wait); END IF;
+                IF wait > 0 THEN
+                    COMMIT;
+                    pending := 0;
+                    PERFORM pg_sleep(wait);
+                    paced := true;
+                END IF;
             END IF;
-            IF NOT marked THEN
+            -- A COMMIT before this request: the claim's (the first of a claim), after a
+            -- pacing wait, or the batch's once it is full or its oldest outcome would wait
+            -- too long. This request's start mark goes with it.
+            IF i = 1 OR paced
+               OR (pending > 0
+                   AND (pending >= commit_every
+                        OR extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms
+                           >= commit_ms)) THEN
                 -- A failed mark does not hold the request back: its expiry would then be
-                -- forgiven (up to twice), as after a crash within a batch of the external one.
+                -- forgiven (up to twice), as after a crash within a batch.
                 BEGIN
                     PERFORM pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
                 EXCEPTION WHEN others THEN
                     RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
                 END;
                 COMMIT;
+                pending := 0;
             END IF;
-            marked := false;
-            next_post := next_post || jsonb_build_object(c.worker_id::text,
-                                                         extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+            IF c.rps < 1000 THEN
+                next_post := next_post || jsonb_build_object(c.worker_id::text,
+                                                             extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+            END IF;
             started := clock_timestamp();
             BEGIN
                 outcome := pgmb.post(c.endpoint, c.body,
@@ -890,6 +905,7 @@ BEGIN
                 outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
                                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
             END;
+            last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
             BEGIN
                 IF outcome.status BETWEEN 200 AND 299 THEN
                     PERFORM pgmb.ack(ARRAY[c.delivery_id], ARRAY[outcome.status], ARRAY[outcome.duration_ms]);
@@ -899,20 +915,20 @@ BEGIN
                                       ARRAY[outcome.error], ARRAY[outcome.retry_after], ARRAY[outcome.duration_ms]);
                     failed := failed + 1;
                 END IF;
-                -- The next delivery's start mark, with this commit, if it need not wait.
-                following := claimed[i + 1];
-                IF following.delivery_id IS NOT NULL
-                   AND NOT (following.rps < 1000 AND coalesce((next_post ->> following.worker_id::text)::float8
-                                                              > extract(epoch FROM clock_timestamp()), false)) THEN
-                    PERFORM pgmb.start(ARRAY[following.delivery_id], ARRAY[following.lease_id]);
-                    marked := true;
-                END IF;
             EXCEPTION WHEN others THEN
                 -- Not even the outcome could be written: the lease runs out and the delivery
-                -- is retried, as after a crash.
+                -- is retried, as after a crash; the request was made, so the expiry counts.
                 RAISE WARNING 'pgmb: could not record the outcome of delivery %: %', c.delivery_id, SQLERRM;
-                marked := false;
+                BEGIN
+                    PERFORM pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
+                END;
             END;
+            IF pending = 0 THEN
+                pending_since := clock_timestamp();
+            END IF;
+            pending := pending + 1;
             IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
                 BEGIN
                     PERFORM pgmb.dispatcher_beat(me, cardinality(claimed) - i, delivered, failed);
@@ -921,7 +937,6 @@ BEGIN
                 END;
                 next_beat := clock_timestamp() + interval '5 seconds';
             END IF;
-            COMMIT;
         END LOOP;
     END LOOP;
     IF me IS NOT NULL THEN
@@ -1102,6 +1117,37 @@ CREATE FUNCTION pgmb.http_transport() RETURNS text
         WHEN to_regprocedure('pgmb.post_via_plpython(text, text, jsonb, float8)') IS NOT NULL THEN 'plpython3u'
     END
 $$;
+
+--
+-- Name: indb_commit_bounds(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.indb_commit_bounds(OUT commit_every integer, OUT commit_ms double precision) RETURNS record
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    every_setting text := nullif(btrim(current_setting('pgmb.indb_commit_every', true)), '');
+    ms_setting text := nullif(btrim(current_setting('pgmb.indb_commit_ms', true)), '');
+BEGIN
+    commit_every := 50;
+    commit_ms := 50;
+    IF every_setting IS NOT NULL THEN
+        IF every_setting !~ '^[0-9]{1,9}$' OR every_setting::integer NOT BETWEEN 1 AND 10000 THEN
+            RAISE EXCEPTION 'invalid pgmb.indb_commit_every %: it must be a whole number of outcomes from 1 to 10000',
+                            quote_literal(every_setting)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        commit_every := every_setting::integer;
+    END IF;
+    IF ms_setting IS NOT NULL THEN
+        IF ms_setting !~ '^([0-9]{1,9}(\.[0-9]{0,6})?|\.[0-9]{1,6})$' OR ms_setting::float8 > 60000 THEN
+            RAISE EXCEPTION 'invalid pgmb.indb_commit_ms %: it must be a number of milliseconds from 0 to 60000',
+                            quote_literal(ms_setting)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        commit_ms := ms_setting::float8;
+    END IF;
+END $_$;
 
 --
 -- Name: maintenance(interval); Type: FUNCTION; Schema: pgmb; Owner: -

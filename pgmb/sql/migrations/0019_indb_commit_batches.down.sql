@@ -159,4 +159,42 @@ BEGIN
     END IF;
 END $$;
 
+DROP FUNCTION pgmb.record_outcomes(bigint[], uuid[], pgmb.http_outcome[]);
 DROP FUNCTION pgmb.indb_commit_bounds();
+
+-- As 0003 and 0001 left them.
+CREATE OR REPLACE FUNCTION pgmb.request_headers(c pgmb.claimed, unix_time bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((
+               SELECT jsonb_object_agg(e.key, v.value)
+               FROM jsonb_each(coalesce(c.headers, '{}')) AS e
+               CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string'
+                                               THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
+               WHERE lower(e.key) NOT IN ('host', 'content-type', 'content-length', 'connection',
+                                          'transfer-encoding', 'expect', 'upgrade', 'te', 'trailer',
+                                          'keep-alive', 'proxy-connection')
+                 AND lower(e.key) NOT LIKE 'pgmb-%' AND lower(e.key) NOT LIKE 'webhook-%'
+                 AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
+                 AND v.value ~ '^[\x20-\x7e]*$'), '{}')
+        || jsonb_build_object(
+               'Content-Type', 'application/json',
+               'pgmb-message-id', c.message_id::text,
+               'pgmb-routing-key', c.routing_key,
+               'pgmb-queue', c.queue,
+               'pgmb-attempt', c.attempt::text)
+        || CASE WHEN coalesce(c.secret, '') = '' THEN '{}'::jsonb ELSE jsonb_build_object(
+               'webhook-id', c.message_id::text,
+               'webhook-timestamp', unix_time::text,
+               'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
+                   pgmb.secret_key(c.secret),
+                   convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
+           END
+$$;
+
+CREATE OR REPLACE FUNCTION pgmb.http_transport() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http') THEN 'http'
+        WHEN to_regprocedure('pgmb.post_via_plpython(text, text, jsonb, float8)') IS NOT NULL THEN 'plpython3u'
+    END
+$$;

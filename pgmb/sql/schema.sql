@@ -1537,8 +1537,10 @@ BEGIN
         RETURN 0;
     END IF;
     BEGIN
-        SELECT coalesce(pgmb.ack(a.ids, a.statuses, a.durations), 0)
-               + coalesce(pgmb.fail(f.ids, f.leases, f.statuses, f.errors, f.retry_after, f.durations), 0)
+        -- Each function only where it has rows (a call of either costs as much as a few).
+        SELECT CASE WHEN a.ids IS NULL THEN 0 ELSE pgmb.ack(a.ids, a.statuses, a.durations) END
+               + CASE WHEN f.ids IS NULL THEN 0
+                      ELSE pgmb.fail(f.ids, f.leases, f.statuses, f.errors, f.retry_after, f.durations) END
         INTO written
         FROM (SELECT array_agg(u.id) AS ids, array_agg(u.status) AS statuses,
                      array_agg(u.duration_ms) AS durations

@@ -1121,8 +1121,9 @@ DECLARE
 BEGIN
     commit_every := 50;
     commit_ms := 50;
+    -- CASE, not OR: the cast must not be tried on text the pattern refused.
     IF every_setting IS NOT NULL THEN
-        IF every_setting !~ '^[0-9]{1,9}$' OR every_setting::integer NOT BETWEEN 1 AND 10000 THEN
+        IF (CASE WHEN every_setting ~ '^[0-9]{1,9}$' THEN every_setting::integer NOT BETWEEN 1 AND 10000 ELSE true END) THEN
             RAISE EXCEPTION 'invalid pgmb.indb_commit_every %: it must be a whole number of outcomes from 1 to 10000',
                             quote_literal(every_setting)
                 USING ERRCODE = 'invalid_parameter_value';
@@ -1130,7 +1131,7 @@ BEGIN
         commit_every := every_setting::integer;
     END IF;
     IF ms_setting IS NOT NULL THEN
-        IF ms_setting !~ '^([0-9]{1,9}(\.[0-9]{0,6})?|\.[0-9]{1,6})$' OR ms_setting::float8 > 60000 THEN
+        IF (CASE WHEN ms_setting ~ '^([0-9]{1,9}(\.[0-9]{0,6})?|\.[0-9]{1,6})$' THEN ms_setting::float8 > 60000 ELSE true END) THEN
             RAISE EXCEPTION 'invalid pgmb.indb_commit_ms %: it must be a number of milliseconds from 0 to 60000',
                             quote_literal(ms_setting)
                 USING ERRCODE = 'invalid_parameter_value';

@@ -3,6 +3,7 @@ COMMITs), posting through the http stand-in (tests/pg_http) or PL/Python."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -71,3 +72,57 @@ def dispatch_until(dispatch_loop) -> Callable[..., None]:
         wait_until(one_more_run, message=message, interval=0)
 
     return run
+
+
+class BackgroundLoop:
+    """``CALL pgmb.dispatch_loop`` on a connection of its own, in a thread, until stopped."""
+
+    def __init__(self, seconds: float, batch: int, settings: dict[str, str]) -> None:
+        self.conn = psycopg.connect(**_params(), autocommit=True)
+        for name, value in settings.items():
+            self.conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        self.pid = self.conn.info.backend_pid
+        self.ended: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(seconds, batch), daemon=True)
+        self.thread.start()
+
+    def _run(self, seconds: float, batch: int) -> None:
+        try:
+            self.conn.execute("CALL pgmb.dispatch_loop(%s, %s)", (seconds, batch))
+        except psycopg.Error as exc:  # cancelled or terminated by the test
+            self.ended.append(exc)
+
+    def running(self, pg: psycopg.Connection) -> bool:
+        """Whether the CALL is still on (its backend is in it)."""
+        return bool(
+            pg.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND query LIKE 'CALL pgmb.%%'"
+                " AND state = 'active'",
+                (self.pid,),
+            ).fetchall()
+        )
+
+    def stop(self, pg: psycopg.Connection) -> None:
+        """Cancel the CALL (what it has not committed is lost) and close its connection."""
+        if self.thread.is_alive():
+            pg.execute("SELECT pg_cancel_backend(%s)", (self.pid,))
+            self.thread.join(timeout=60)
+        self.conn.close()
+
+
+@pytest.fixture
+def start_loop(pg) -> Iterator[Callable[..., BackgroundLoop]]:
+    """Start the in-database loop in the background (``settings``: its session's GUCs);
+    loops still running are cancelled after the test."""
+    loops: list[BackgroundLoop] = []
+
+    def start(
+        seconds: float = 60.0, batch: int = 50, settings: dict[str, str] | None = None
+    ) -> BackgroundLoop:
+        loop = BackgroundLoop(seconds, batch, settings or {})
+        loops.append(loop)
+        return loop
+
+    yield start
+    for loop in loops:
+        loop.stop(pg)

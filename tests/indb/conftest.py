@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from django.db import connection
 
+from pgmb.dispatch.database import conninfo_from_django
 from tests.waiting import wait_until
 
 TRANSPORTS = ["http", "plpython3u"]
@@ -17,16 +17,9 @@ TRANSPORTS = ["http", "plpython3u"]
 
 @pytest.fixture
 def pg(transactional_db) -> Iterator[psycopg.Connection]:
-    conn = psycopg.connect(**_params(), autocommit=True)
+    conn = psycopg.connect(**conninfo_from_django("default"), autocommit=True)
     yield conn
     conn.close()
-
-
-def _params() -> dict:
-    params = dict(connection.get_connection_params())
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    return params
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -78,7 +71,7 @@ class BackgroundLoop:
     """``CALL pgmb.dispatch_loop`` on a connection of its own, in a thread, until stopped."""
 
     def __init__(self, seconds: float, batch: int, settings: dict[str, str]) -> None:
-        self.conn = psycopg.connect(**_params(), autocommit=True)
+        self.conn = psycopg.connect(**conninfo_from_django("default"), autocommit=True)
         for name, value in settings.items():
             self.conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         self.pid = self.conn.info.backend_pid

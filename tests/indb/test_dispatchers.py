@@ -6,8 +6,8 @@ import threading
 
 import pgmb
 from pgmb import dispatchers
+from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Delivery, DispatcherProcess
-from tests.indb.conftest import _params
 from tests.waiting import wait_until
 
 
@@ -38,7 +38,7 @@ def test_the_loop_is_running_while_it_runs(pg, transport, make_queue):
     def loop() -> None:
         import psycopg
 
-        with psycopg.connect(**_params(), autocommit=True) as conn:
+        with psycopg.connect(**conninfo_from_django("default"), autocommit=True) as conn:
             try:
                 conn.execute("CALL pgmb.dispatch_loop(30, 50, ARRAY['nothing_here'])")
             except psycopg.errors.QueryCanceled:

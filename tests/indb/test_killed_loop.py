@@ -9,9 +9,9 @@ import psycopg
 
 import pgmb
 from pgmb import deliveries
+from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery
 from tests.httpserver import held
-from tests.indb.conftest import _params
 from tests.waiting import wait_until
 
 
@@ -30,7 +30,7 @@ def test_a_terminated_loop_spends_the_attempt_in_flight_only(
     ended: list[BaseException] = []
 
     def loop() -> None:
-        with psycopg.connect(**_params(), autocommit=True) as conn:
+        with psycopg.connect(**conninfo_from_django("default"), autocommit=True) as conn:
             try:
                 conn.execute("CALL pgmb.dispatch_loop(60, 5)")
             except psycopg.OperationalError as exc:

@@ -33,3 +33,11 @@ class InvalidDelay(PgmbError, ValueError):
 
 class DuplicateMessage(PgmbError):
     """A message with this id already exists."""
+
+
+class AccessDenied(PgmbError, PermissionError):
+    """The database role in effect may not do this (SQLSTATE 42501); nothing was changed."""
+
+
+class UnknownObject(PgmbError, LookupError):
+    """A queue or role named in a call does not exist (SQLSTATE 42704)."""

@@ -466,6 +466,27 @@ CREATE FUNCTION pgmb.busy(queue_names text[]) RETURNS boolean
 $$;
 
 --
+-- Name: caller(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.caller() RETURNS name
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(nullif(current_setting('role'), 'none'), session_user)::name
+$$;
+
+--
+-- Name: caller_in(name); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.caller_in(group_role name) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (SELECT FROM pg_roles r
+                   WHERE r.rolname = group_role AND pg_has_role(pgmb.caller(), r.oid, 'USAGE'))
+$$;
+
+--
 -- Name: check_delay(double precision); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1066,6 +1087,44 @@ CREATE FUNCTION pgmb.fail(delivery_ids bigint[], lease_ids uuid[], statuses inte
 $$;
 
 --
+-- Name: grant_publish_access(name); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.grant_publish_access(role_name name) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgmb.require('administer');
+    PERFORM pgmb.set_membership('pgmb_producer', role_name, true);
+END $$;
+
+--
+-- Name: grant_queue_access(text, name); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.grant_queue_access(queue_name text, role_name name) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    qid uuid;
+    added integer;
+BEGIN
+    PERFORM pgmb.require('administer');
+    SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
+    IF qid IS NULL THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    PERFORM pgmb.set_membership('pgmb_consumer', role_name, true);
+    DELETE FROM pgmb.queue_grant g WHERE NOT EXISTS (SELECT FROM pgmb_queue q WHERE q.id = g.queue_id);
+    INSERT INTO pgmb.queue_grant (queue_id, role_name) VALUES (qid, grant_queue_access.role_name)
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added > 0;
+END $$;
+
+--
 -- Name: hmac_sha256(bytea, bytea); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1154,6 +1213,42 @@ BEGIN
 END $_$;
 
 --
+-- Name: install_access(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.install_access() RETURNS text[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    missing text[] := '{}';
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['pgmb_producer', 'pgmb_consumer', 'pgmb_admin'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
+            missing := missing || r;
+            CONTINUE;
+        END IF;
+        EXECUTE format('GRANT USAGE ON SCHEMA pgmb TO %I', r);
+    END LOOP;
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_admin') THEN
+        -- pgmb's tables and sequences only: the schema holds the project's others too.
+        FOR r IN
+            SELECT format('GRANT %s ON %s TO pgmb_admin',
+                          CASE c.relkind WHEN 'S' THEN 'USAGE, SELECT' ELSE 'SELECT, INSERT, UPDATE, DELETE' END,
+                          c.oid::regclass)
+            FROM pg_class c
+            WHERE c.relnamespace = (SELECT t.relnamespace FROM pg_class t WHERE t.oid = 'pgmb_message'::regclass)
+              AND c.relkind IN ('r', 'p', 'S', 'v') AND c.relname LIKE 'pgmb\_%'
+        LOOP
+            EXECUTE r;
+        END LOOP;
+        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgmb TO pgmb_admin';
+    END IF;
+    RETURN missing;
+END $$;
+
+--
 -- Name: maintenance(interval); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1179,6 +1274,31 @@ END $_$;
 CREATE FUNCTION pgmb.matches(binding_key text, routing_key text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT ('.' || pgmb.check_routing_key(routing_key)) ~ pgmb.compile_binding(binding_key) $$;
+
+--
+-- Name: may(text, uuid); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.may(action text, queue_id uuid DEFAULT NULL::uuid) RETURNS boolean
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    who name := pgmb.caller();
+BEGIN
+    CASE action
+    WHEN 'publish' THEN
+        RETURN has_table_privilege(who, 'pgmb_message', 'INSERT') OR pgmb.caller_in('pgmb_producer');
+    WHEN 'consume' THEN
+        RETURN has_table_privilege(who, 'pgmb_delivery', 'DELETE')
+            OR EXISTS (SELECT FROM pgmb.queue_grant g JOIN pg_roles r ON r.rolname = g.role_name
+                       WHERE g.queue_id = may.queue_id AND pg_has_role(who, r.oid, 'USAGE'));
+    WHEN 'administer' THEN
+        RETURN has_table_privilege(who, 'pgmb_queue', 'UPDATE');
+    ELSE
+        RAISE EXCEPTION 'unknown action %', quote_literal(action) USING ERRCODE = 'invalid_parameter_value';
+    END CASE;
+END $$;
 
 --
 -- Name: metrics(text); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -1738,6 +1858,44 @@ CREATE FUNCTION pgmb.requeue(queue_name text) RETURNS integer
 $$;
 
 --
+-- Name: require(text, text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.require(action text, queue_name text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    qid uuid;
+BEGIN
+    IF action = 'consume' THEN
+        SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
+        IF qid IS NULL THEN
+            RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name)
+                USING ERRCODE = 'undefined_object';
+        END IF;
+    END IF;
+    IF pgmb.may(action, qid) THEN
+        RETURN;
+    END IF;
+    CASE action
+    WHEN 'publish' THEN
+        RAISE EXCEPTION 'role % may not publish', quote_ident(pgmb.caller())
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('An administrator grants it: SELECT pgmb.grant_publish_access(%L);', pgmb.caller());
+    WHEN 'consume' THEN
+        RAISE EXCEPTION 'role % may not consume queue %', quote_ident(pgmb.caller()), quote_literal(queue_name)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('An administrator grants it: SELECT pgmb.grant_queue_access(%L, %L);',
+                                queue_name, pgmb.caller());
+    ELSE
+        RAISE EXCEPTION 'role % may not administer pgmb', quote_ident(pgmb.caller())
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'An administrator grants it: GRANT pgmb_admin TO the role;';
+    END CASE;
+END $$;
+
+--
 -- Name: retry_after_seconds(text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1770,6 +1928,44 @@ CREATE FUNCTION pgmb.retry_delay(attempt integer, base double precision, cap dou
     SELECT greatest(least(coalesce(retry_after, 0), 86400), d / 2 + random() * d / 2)
     FROM (SELECT least(cap, base * power(2, least(greatest(attempt, 1) - 1, 60)), 2592000) AS d) AS backoff
 $$;
+
+--
+-- Name: revoke_publish_access(name); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.revoke_publish_access(role_name name) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM pgmb.require('administer');
+    PERFORM pgmb.set_membership('pgmb_producer', role_name, false);
+END $$;
+
+--
+-- Name: revoke_queue_access(text, name); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.revoke_queue_access(queue_name text, role_name name) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    removed integer;
+BEGIN
+    PERFORM pgmb.require('administer');
+    IF NOT EXISTS (SELECT FROM pgmb_queue q WHERE q.name = queue_name) THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    DELETE FROM pgmb.queue_grant g USING pgmb_queue q
+    WHERE q.id = g.queue_id AND q.name = queue_name AND g.role_name = revoke_queue_access.role_name;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF NOT EXISTS (SELECT FROM pgmb.queue_grant g WHERE g.role_name = revoke_queue_access.role_name)
+       AND EXISTS (SELECT FROM pg_roles WHERE rolname = revoke_queue_access.role_name) THEN
+        PERFORM pgmb.set_membership('pgmb_consumer', role_name, false);
+    END IF;
+    RETURN removed > 0;
+END $$;
 
 --
 -- Name: secret_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -1857,9 +2053,11 @@ END $$;
 --
 
 CREATE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone) RETURNS uuid
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
     AS $$
 BEGIN
+    PERFORM pgmb.require('publish');
     IF id IS NULL THEN
         RAISE EXCEPTION 'a message id is required' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass gen_random_uuid() for a new id.';
@@ -1882,6 +2080,29 @@ BEGIN
     VALUES (send.id, send.routing_key, send.body, coalesce(send.headers, '{}'), now(),
             greatest(coalesce(send.delay, now()), now()));
     RETURN send.id;
+END $$;
+
+--
+-- Name: set_membership(name, name, boolean); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.set_membership(group_role name, role_name name, member boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = group_role) THEN
+        RAISE EXCEPTION 'role % does not exist', group_role
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'A DBA creates it (docs/access.md), then runs SELECT pgmb.install_access();';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = role_name) THEN
+        RAISE EXCEPTION 'role % does not exist', quote_ident(role_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    IF member THEN
+        EXECUTE format('GRANT %I TO %I', group_role, role_name);
+    ELSE
+        EXECUTE format('REVOKE %I FROM %I', group_role, role_name);
+    END IF;
 END $$;
 
 --
@@ -2214,6 +2435,20 @@ UNION ALL
      JOIN public.pgmb_message m ON ((m.id = a.message_id)))
   WHERE ((a.outcome)::text = 'ack'::text);
 
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: queue_grant; Type: TABLE; Schema: pgmb; Owner: -
+--
+
+CREATE TABLE pgmb.queue_grant (
+    queue_id uuid NOT NULL,
+    role_name name NOT NULL,
+    granted_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 --
 -- Name: queues; Type: VIEW; Schema: pgmb; Owner: -
 --
@@ -2254,6 +2489,19 @@ CREATE VIEW pgmb.workers AS
     ((w.secret)::text <> ''::text) AS signed,
     w.created_at
    FROM public.pgmb_worker w;
+
+--
+-- Name: queue_grant queue_grant_pkey; Type: CONSTRAINT; Schema: pgmb; Owner: -
+--
+
+ALTER TABLE ONLY pgmb.queue_grant
+    ADD CONSTRAINT queue_grant_pkey PRIMARY KEY (queue_id, role_name);
+
+--
+-- Name: queue_grant_role; Type: INDEX; Schema: pgmb; Owner: -
+--
+
+CREATE INDEX queue_grant_role ON pgmb.queue_grant USING btree (role_name);
 
 --
 -- PostgreSQL database dump complete

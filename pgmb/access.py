@@ -1,0 +1,77 @@
+"""Access control for database roles other than the application's (migration 0021).
+
+Three group roles: ``pgmb_producer`` may publish with ``pgmb.send``, ``pgmb_consumer`` may
+consume the queues granted to it, ``pgmb_admin`` may do anything. The functions here run
+in the caller's transaction on a Django connection whose role must be allowed to
+administer pgmb (the application's own role is). Each raises :class:`~pgmb.errors.AccessDenied`
+or :class:`~pgmb.errors.UnknownObject` with the database's message, and then changes nothing.
+See docs/access.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from . import sql
+from .errors import AccessDenied, UnknownObject
+
+_ERRORS: dict[str, type[Exception]] = {"42501": AccessDenied, "42704": UnknownObject}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGrant:
+    """One role's right to consume one queue."""
+
+    queue: str
+    role: str
+    granted_at: datetime
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except DatabaseError as exc:
+        state = getattr(exc.__cause__, "sqlstate", None)
+        if state in _ERRORS:
+            raise _ERRORS[state](str(exc.__cause__).strip()) from exc
+        raise
+
+
+def _call(name: str, params: dict[str, Any], using: str) -> Any:
+    with _translated(), connections[using].cursor() as cursor:
+        cursor.execute(sql.query("access.sql", name), params)
+        return cursor.fetchone()[0]
+
+
+def grant_publish_access(role: str, *, using: str = "default") -> None:
+    """Make ``role`` a member of ``pgmb_producer``: it may call ``pgmb.send``."""
+    _call("grant_publish_access", {"role": role}, using)
+
+
+def revoke_publish_access(role: str, *, using: str = "default") -> None:
+    """Take ``role`` out of ``pgmb_producer``."""
+    _call("revoke_publish_access", {"role": role}, using)
+
+
+def grant_queue_access(queue: str, role: str, *, using: str = "default") -> bool:
+    """Let ``role`` consume ``queue``; returns whether the grant is new."""
+    return bool(_call("grant_queue_access", {"queue": queue, "role": role}, using))
+
+
+def revoke_queue_access(queue: str, role: str, *, using: str = "default") -> bool:
+    """Take back ``role``'s right to consume ``queue``; returns whether it had it."""
+    return bool(_call("revoke_queue_access", {"queue": queue, "role": role}, using))
+
+
+def queue_grants(*, using: str = "default") -> list[QueueGrant]:
+    """Every queue grant, by queue then role."""
+    with _translated(), connections[using].cursor() as cursor:
+        cursor.execute(sql.query("access.sql", "queue_grants"))
+        return [QueueGrant(*row) for row in cursor.fetchall()]

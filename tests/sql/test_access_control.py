@@ -1,0 +1,247 @@
+"""Access control (migration 0021): roles other than the application's publish only as
+pgmb_producer's members, consume only queues granted to them, and administer only as
+pgmb_admin's members; a refusal is SQLSTATE 42501 with a message naming the role, and it
+changes nothing.
+
+Each role here is a real login role; its sessions are real connections (the test cluster
+trusts local connections), committed, as another program's would be.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from pgmb import access
+from pgmb.dispatch.database import conninfo_from_django
+from pgmb.errors import AccessDenied, UnknownObject
+from pgmb.models import Delivery, Message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SEND = "SELECT pgmb.send(gen_random_uuid(), 'order.created', '{}'::jsonb)"
+
+
+@pytest.fixture
+def owner() -> Iterator[psycopg.Connection]:
+    """A session of the application's role (the tables' owner)."""
+    with psycopg.connect(**conninfo_from_django("default"), autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def login_role(owner) -> Iterator[Callable[..., tuple[str, psycopg.Connection]]]:
+    """Make a login role and a session of it; both are gone after the test."""
+    made: list[tuple[str, psycopg.Connection]] = []
+
+    def make(*member_of: str) -> tuple[str, psycopg.Connection]:
+        name = f"r_{uuid.uuid4().hex[:12]}"
+        owner.execute(f"CREATE ROLE {name} LOGIN")
+        for group in member_of:
+            owner.execute(f"GRANT {group} TO {name}")
+        params = conninfo_from_django("default") | {"user": name}
+        conn = psycopg.connect(**params, autocommit=True)
+        made.append((name, conn))
+        return name, conn
+
+    yield make
+    for name, conn in made:
+        conn.close()
+        owner.execute(f"DROP OWNED BY {name}")
+        owner.execute(f"DROP ROLE {name}")
+
+
+def _denied(conn: psycopg.Connection, statement: str, *params, match: str) -> None:
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match=match):
+        conn.execute(statement, params)
+
+
+def test_the_three_roles_exist(owner):
+    names = {
+        r[0]
+        for r in owner.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname LIKE 'pgmb\\_%' ORDER BY 1"
+        )
+    }
+    assert {"pgmb_producer", "pgmb_consumer", "pgmb_admin"} <= names
+
+
+def test_a_role_without_a_grant_may_not_publish_and_nothing_is_stored(make_queue, login_role):
+    make_queue("order.#")
+    name, conn = login_role()
+    _denied(conn, SEND, match=f"role {name} may not publish")
+    assert Message.objects.count() == 0
+    assert Delivery.objects.count() == 0
+
+
+def test_the_refusal_says_how_to_grant(login_role):
+    name, conn = login_role()
+    with pytest.raises(psycopg.errors.InsufficientPrivilege) as info:
+        conn.execute(SEND)
+    assert info.value.diag.message_hint == (
+        f"An administrator grants it: SELECT pgmb.grant_publish_access('{name}');"
+    )
+
+
+def test_a_granted_producer_publishes_and_its_message_is_routed(make_queue, login_role):
+    queue = make_queue("order.#")
+    name, conn = login_role()
+    access.grant_publish_access(name)
+    (message_id,) = conn.execute(SEND).fetchone()
+    assert Delivery.objects.get(message_id=message_id).queue_id == queue.id
+    access.revoke_publish_access(name)
+    _denied(conn, SEND, match="may not publish")
+    assert Message.objects.count() == 1
+
+
+def test_membership_of_pgmb_producer_is_the_grant(make_queue, login_role):
+    make_queue("order.#")
+    _, conn = login_role("pgmb_producer")
+    conn.execute(SEND)
+    assert Delivery.objects.count() == 1
+
+
+def test_a_producer_has_no_privilege_on_the_tables_themselves(login_role):
+    _, conn = login_role("pgmb_producer")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="pgmb_message"):
+        conn.execute(
+            "INSERT INTO pgmb_message (id, routing_key, body) VALUES (gen_random_uuid(), 'a', '1')"
+        )
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="pgmb_delivery"):
+        conn.execute("SELECT count(*) FROM pgmb_delivery")
+
+
+def test_a_role_with_insert_on_the_message_table_keeps_publishing(make_queue, owner, login_role):
+    """Roles that a DBA let publish through table privileges before 0021 still may."""
+    make_queue("order.#")
+    name, conn = login_role()
+    owner.execute(f"GRANT INSERT, SELECT ON pgmb_message TO {name}")
+    conn.execute(SEND)
+    assert Delivery.objects.count() == 1
+
+
+def test_the_caller_is_the_role_set_by_set_role(make_queue, owner, login_role):
+    """A pool that connects as one role and SET ROLEs per client is checked per client."""
+    make_queue("order.#")
+    name, _ = login_role()
+    owner.execute(f"GRANT {name} TO CURRENT_USER")
+    owner.execute(f"SET ROLE {name}")
+    try:
+        _denied(owner, SEND, match=f"role {name} may not publish")
+    finally:
+        owner.execute("RESET ROLE")
+    owner.execute(SEND)
+    assert Message.objects.count() == 1
+
+
+def test_only_an_administrator_grants(make_queue, login_role):
+    queue = make_queue("order.#")
+    name, conn = login_role("pgmb_producer")
+    _denied(
+        conn,
+        "SELECT pgmb.grant_queue_access(%s, %s)",
+        queue.name,
+        name,
+        match=f"role {name} may not administer pgmb",
+    )
+    _denied(conn, "SELECT pgmb.grant_publish_access(%s)", name, match="may not administer")
+    assert access.queue_grants() == []
+
+
+def test_an_admin_member_grants_and_may_consume_every_queue(make_queue, login_role):
+    queue = make_queue("order.#")
+    consumer, _ = login_role()
+    _, admin = login_role("pgmb_admin")
+    assert admin.execute(
+        "SELECT pgmb.grant_queue_access(%s, %s)", [queue.name, consumer]
+    ).fetchone() == (True,)
+    assert [(g.queue, g.role) for g in access.queue_grants()] == [(queue.name, consumer)]
+    assert admin.execute("SELECT pgmb.may('consume', %s)", [queue.id]).fetchone() == (True,)
+    admin.execute(SEND)  # pgmb_admin publishes too
+
+
+def test_queue_grants_are_per_queue_and_revocable(make_queue, login_role):
+    granted, other = make_queue("order.#"), make_queue("invoice.#")
+    name, conn = login_role()
+    assert access.grant_queue_access(granted.name, name) is True
+    assert access.grant_queue_access(granted.name, name) is False  # already there
+
+    def may(queue):
+        return conn.execute("SELECT pgmb.may('consume', %s)", [queue.id]).fetchone()[0]
+
+    assert (may(granted), may(other)) == (True, False)
+    _denied(
+        conn,
+        "SELECT pgmb.require('consume', %s)",
+        other.name,
+        match=f"role {name} may not consume queue '{other.name}'",
+    )
+    conn.execute("SELECT pgmb.require('consume', %s)", [granted.name])
+    member = "SELECT pg_has_role(%s, 'pgmb_consumer', 'MEMBER')"
+    assert conn.execute(member, [name]).fetchone() == (True,)
+
+    assert access.revoke_queue_access(granted.name, name) is True
+    assert access.revoke_queue_access(granted.name, name) is False
+    assert may(granted) is False
+    # Its last grant gone, the role leaves pgmb_consumer.
+    assert conn.execute(member, [name]).fetchone() == (False,)
+
+
+def test_a_grant_goes_with_its_queue(make_queue, login_role):
+    queue = make_queue("order.#")
+    name, _ = login_role()
+    access.grant_queue_access(queue.name, name)
+    queue.delete()
+    assert access.queue_grants() == []
+
+
+def test_unknown_queues_and_roles_are_clear_errors(make_queue, login_role):
+    queue = make_queue("order.#")
+    name, _ = login_role()
+    with pytest.raises(UnknownObject, match="queue 'no_such_queue' does not exist"):
+        access.grant_queue_access("no_such_queue", name)
+    with pytest.raises(UnknownObject, match="queue 'no_such_queue' does not exist"):
+        access.revoke_queue_access("no_such_queue", name)
+    with pytest.raises(UnknownObject, match="role no_such_role does not exist"):
+        access.grant_queue_access(queue.name, "no_such_role")
+    with pytest.raises(UnknownObject, match="role no_such_role does not exist"):
+        access.grant_publish_access("no_such_role")
+    assert access.queue_grants() == []
+
+
+def test_the_python_api_says_access_denied(make_queue, owner, login_role):
+    """On a Django connection whose role may not administer, AccessDenied, nothing written."""
+    from django.db import connection
+
+    queue = make_queue("order.#")
+    name, _ = login_role()
+    owner.execute(f"GRANT {name} TO CURRENT_USER")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET ROLE {name}")
+        try:
+            with pytest.raises(AccessDenied, match="may not administer"):
+                access.grant_queue_access(queue.name, name)
+        finally:
+            cursor.execute("RESET ROLE")
+    assert access.queue_grants() == []
+
+
+def test_entry_points_act_for_their_caller_with_a_fixed_search_path(owner):
+    rows = owner.execute(
+        "SELECT p.oid::regprocedure::text, p.prosecdef, p.proconfig FROM pg_proc p "
+        "WHERE p.pronamespace = 'pgmb'::regnamespace AND p.prosecdef ORDER BY 1"
+    ).fetchall()
+    assert [r[0] for r in rows] == [
+        "pgmb.grant_publish_access(name)",
+        "pgmb.grant_queue_access(text,name)",
+        "pgmb.install_access()",
+        "pgmb.may(text,uuid)",
+        "pgmb.require(text,text)",
+        "pgmb.revoke_publish_access(name)",
+        "pgmb.revoke_queue_access(text,name)",
+        "pgmb.send(uuid,text,jsonb,jsonb,timestamp with time zone)",
+    ]
+    assert {tuple(r[2]) for r in rows} == {("search_path=public, pg_temp",)}

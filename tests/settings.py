@@ -52,10 +52,10 @@ DATABASES = {
 # (tests/dispatch/test_databases.py). pytest-django creates a test database only for the
 # aliases some collected test asks for (django_db(databases=...)): runs without those tests
 # never create or migrate it.
-DATABASES["other"] = {
+DATABASES["second"] = {
     **DATABASES["default"],
-    "NAME": os.environ.get("PGMB_OTHER_DB_NAME", "postgres"),
-    "TEST": {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_other"},
+    "NAME": os.environ.get("PGMB_SECOND_DB_NAME", "postgres"),
+    "TEST": {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_second"},
 }
 # Not PostgreSQL: what pgmb refuses to serve. No test connects to it.
 DATABASES["lite"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}

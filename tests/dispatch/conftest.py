@@ -41,7 +41,7 @@ def spawn(transactional_db) -> Iterator[Callable[..., subprocess.Popen]]:
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "PGMB_DB_NAME": connection.settings_dict["NAME"],
         # The second database's test name, for a test that asked for it (test_databases).
-        "PGMB_OTHER_DB_NAME": connections["other"].settings_dict["NAME"],
+        "PGMB_SECOND_DB_NAME": connections["second"].settings_dict["NAME"],
     }
 
     def start(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:

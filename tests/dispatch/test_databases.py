@@ -2,7 +2,7 @@
 with its own workers, queues, state machine, rate limits and registration, and a fault in
 one (gone away, not migrated) never stopping the other's deliveries.
 
-The second database is the alias ``other`` of tests/settings.py, a database of its own on
+The second database is the alias ``second`` of tests/settings.py, a database of its own on
 the same server; only the tests that ask for it here make pytest-django create it.
 """
 
@@ -32,9 +32,9 @@ from tests.dispatch.test_processes import _watch
 from tests.httpserver import reply
 from tests.waiting import wait_until
 
-OTHER = "other"
-BOTH = ("--database", "default", "--database", OTHER)
-both_databases = pytest.mark.django_db(transaction=True, databases=["default", OTHER])
+SECOND = "second"
+BOTH = ("--database", "default", "--database", SECOND)
+both_databases = pytest.mark.django_db(transaction=True, databases=["default", SECOND])
 _names = itertools.count(1)
 
 
@@ -86,10 +86,10 @@ def test_two_databases_served_by_one_dispatcher(spawn, make_recording_server):
     server_b.respond(500, path="/down")
     # The same queue name in both databases: each is its own world.
     _queue("default", server_a.url(), "order.#", name="orders")
-    _queue(OTHER, server_b.url(), "order.#", name="orders")
-    _queue(OTHER, server_b.url("/down"), "order.#", name="audit", max_retries=0)
+    _queue(SECOND, server_b.url(), "order.#", name="orders")
+    _queue(SECOND, server_b.url("/down"), "order.#", name="audit", max_retries=0)
     ids_a = {str(i) for i in pgmb.send_batch(("order.a", n) for n in range(30))}
-    ids_b = {str(i) for i in pgmb.send_batch((("order.b", n) for n in range(30)), using=OTHER)}
+    ids_b = {str(i) for i in pgmb.send_batch((("order.b", n) for n in range(30)), using=SECOND)}
 
     proc = spawn(*BOTH, "--until-idle")
     out, err = proc.communicate(timeout=120)
@@ -99,29 +99,29 @@ def test_two_databases_served_by_one_dispatcher(spawn, make_recording_server):
     assert _ids(server_b) == ids_b
     assert _ids(server_b, "/down") == ids_b
     assert not server_a.requests or {r.path for r in server_a.requests} == {"/"}
-    for alias in ("default", OTHER):
+    for alias in ("default", SECOND):
         assert not Delivery.objects.using(alias).exists(), alias
-    # Each database's state machine recorded its own outcomes: the dead letters are other's.
+    # Each database's state machine recorded its own outcomes: the dead letters are the second's.
     assert not DeadLetter.objects.using("default").exists()
-    assert DeadLetter.objects.using(OTHER).filter(queue__name="audit").count() == 30
+    assert DeadLetter.objects.using(SECOND).filter(queue__name="audit").count() == 30
     assert Counter(Attempt.objects.using("default").values_list("outcome", flat=True)) == {
         "ack": 30
     }
-    assert Counter(Attempt.objects.using(OTHER).values_list("outcome", flat=True)) == {
+    assert Counter(Attempt.objects.using(SECOND).values_list("outcome", flat=True)) == {
         "ack": 30,
         "dead": 30,
     }
     # Registered in each database's own table, and stopped there with its own counts.
     [in_a] = DispatcherProcess.objects.using("default").filter(pid=proc.pid)
-    [in_b] = DispatcherProcess.objects.using(OTHER).filter(pid=proc.pid)
+    [in_b] = DispatcherProcess.objects.using(SECOND).filter(pid=proc.pid)
     assert (in_a.delivered, in_a.failed) == (30, 0) and in_a.stopped_at is not None
     assert (in_b.delivered, in_b.failed) == (30, 30) and in_b.stopped_at is not None
     # A summary line per database; log lines say which database they are about.
     assert "database=default claimed=30 delivered=30 failed=0" in out
-    assert "database=other claimed=60 delivered=30 failed=30" in out
+    assert "database=second claimed=60 delivered=30 failed=30" in out
     assert "[default] registered as dispatcher" in err
-    assert "[other] registered as dispatcher" in err
-    assert "[other] dead-lettered queue=audit" in err
+    assert "[second] registered as dispatcher" in err
+    assert "[second] dead-lettered queue=audit" in err
     assert "[default] dead-lettered" not in err
 
 
@@ -133,9 +133,9 @@ def test_each_database_keeps_its_own_rate_limits(spawn, make_recording_server):
     worker_id = uuid.uuid4()
     opened = time.monotonic()  # before the slow worker's bucket exists: a looser bound
     _queue("default", slow.url(), worker_id=worker_id, rps=1)
-    _queue(OTHER, fast.url(), worker_id=worker_id, rps=100_000)
+    _queue(SECOND, fast.url(), worker_id=worker_id, rps=100_000)
     pgmb.send_batch(("k", n) for n in range(20))
-    ids = {str(i) for i in pgmb.send_batch((("k", n) for n in range(200)), using=OTHER)}
+    ids = {str(i) for i in pgmb.send_batch((("k", n) for n in range(200)), using=SECOND)}
 
     proc = spawn(*BOTH, "--concurrency", "16")
     fast.wait_for(200)
@@ -159,7 +159,7 @@ def _command(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
             "PYTHONPATH": str(ROOT),
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "PGMB_DB_NAME": connections["default"].settings_dict["NAME"],
-            "PGMB_OTHER_DB_NAME": connections[OTHER].settings_dict["NAME"],
+            "PGMB_SECOND_DB_NAME": connections[SECOND].settings_dict["NAME"],
             **(env or {}),
         },
         capture_output=True,
@@ -192,8 +192,8 @@ def test_a_database_pgmb_cannot_serve_is_refused_before_anything_starts(
 
 @both_databases
 def test_a_queue_filter_names_a_queue_of_any_database_served(transactional_db):
-    _queue(OTHER, "http://127.0.0.1:9/", name="only_in_other")
-    result = _command(*BOTH, "--queue", "only_in_other", "--queue", "nowhere", "--until-idle")
+    _queue(SECOND, "http://127.0.0.1:9/", name="only_in_second")
+    result = _command(*BOTH, "--queue", "only_in_second", "--queue", "nowhere", "--until-idle")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == "CommandError: unknown queue(s) (in none of the databases served): nowhere"
@@ -205,28 +205,28 @@ def test_a_database_that_goes_away_and_comes_back_never_stops_the_other(
 ):
     server_a, server_b = make_recording_server(), make_recording_server()
     _queue("default", server_a.url())
-    _queue(OTHER, server_b.url())
+    _queue(SECOND, server_b.url())
     # Heartbeats every 0.2 s: some fall in the outage, and must not end anything.
     proc = spawn(*BOTH, "--poll-interval", "0.2", extra_env={"PGMB_TEST_HEARTBEAT_INTERVAL": "0.2"})
     stderr, reader = _watch(proc.stderr)
-    pgmb.send("k", "before", using=OTHER)
+    pgmb.send("k", "before", using=SECOND)
     server_b.wait_for(1)
 
-    with _closed_to_connections(OTHER):
+    with _closed_to_connections(SECOND):
         wait_until(
-            lambda: any("[other] database unavailable" in line for line in stderr),
-            message="the dispatcher to report the other database unavailable",
+            lambda: any("[second] database unavailable" in line for line in stderr),
+            message="the dispatcher to report the second database unavailable",
         )
         ids = {str(i) for i in pgmb.send_batch(("k", n) for n in range(50))}
-        wait_until(lambda: _ids(server_a) >= ids, message="default's messages, other down")
-        assert not any("[other] database reconnected" in line for line in stderr)
+        wait_until(lambda: _ids(server_a) >= ids, message="default's messages, the second down")
+        assert not any("[second] database reconnected" in line for line in stderr)
 
     wait_until(
-        lambda: any("[other] database reconnected" in line for line in stderr),
-        message="the dispatcher to reconnect to the other database",
+        lambda: any("[second] database reconnected" in line for line in stderr),
+        message="the dispatcher to reconnect to the second database",
     )
-    pgmb.send("k", "after", using=OTHER)
-    wait_until(lambda: len(server_b.requests) == 2, message="other's message after the outage")
+    pgmb.send("k", "after", using=SECOND)
+    wait_until(lambda: len(server_b.requests) == 2, message="the second's message after the outage")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     reader.join(timeout=60)
@@ -234,7 +234,7 @@ def test_a_database_that_goes_away_and_comes_back_never_stops_the_other(
     assert _ids(server_a) == ids
     assert not any("[default] database unavailable" in line for line in stderr)
     # It stayed registered through the outage: one row in each database, both stopped.
-    for alias in ("default", OTHER):
+    for alias in ("default", SECOND):
         [row] = DispatcherProcess.objects.using(alias).filter(pid=proc.pid)
         assert row.stopped_at is not None, alias
 
@@ -246,7 +246,7 @@ def test_until_idle_gives_up_on_an_unreachable_database_after_serving_the_other(
     server = make_recording_server()
     _queue("default", server.url())
     ids = {str(i) for i in pgmb.send_batch(("k", n) for n in range(20))}
-    with _closed_to_connections(OTHER):
+    with _closed_to_connections(SECOND):
         proc = spawn(*BOTH, "--until-idle", "--give-up-after", "1")
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
@@ -254,7 +254,7 @@ def test_until_idle_gives_up_on_an_unreachable_database_after_serving_the_other(
     assert not Delivery.objects.exists()
     assert "database=default claimed=20 delivered=20" in out
     last = err.strip().splitlines()[-1]
-    assert last.startswith("CommandError: gave up: database 'other' is unreachable for"), err
+    assert last.startswith("CommandError: gave up: database 'second' is unreachable for"), err
 
 
 @pytest.fixture
@@ -276,17 +276,17 @@ def test_a_database_without_pgmb_is_retried_while_the_other_delivers(
     proc = spawn(
         *BOTH,
         *["--until-idle", "--give-up-after", "1", "--poll-interval", "0.1"],
-        extra_env={"PGMB_OTHER_DB_NAME": unmigrated_database},
+        extra_env={"PGMB_SECOND_DB_NAME": unmigrated_database},
     )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert _ids(recording_server) == ids
     assert "database=default claimed=20 delivered=20" in out
     # Logged with what is wrong, started again (more than once), then given up.
-    assert err.count("[other] dispatcher failed") >= 2, err
+    assert err.count("[second] dispatcher failed") >= 2, err
     assert "does not exist" in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("CommandError: gave up: database 'other' kept failing for"), err
+    assert last.startswith("CommandError: gave up: database 'second' kept failing for"), err
     assert "default" not in last
 
 
@@ -294,7 +294,7 @@ def test_a_database_without_pgmb_is_retried_while_the_other_delivers(
 def test_sigterm_stops_every_database_finishing_and_releasing_each_ones_deliveries(
     spawn, make_recording_server
 ):
-    servers = {"default": make_recording_server(), OTHER: make_recording_server()}
+    servers = {"default": make_recording_server(), SECOND: make_recording_server()}
     for alias, server in servers.items():
         server.respond(reply(200, delay=1.0))
         _queue(alias, server.url(), rps=4)

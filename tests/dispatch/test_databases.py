@@ -18,9 +18,11 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from io import StringIO
 
 import psycopg
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connections
 from psycopg import sql
 
@@ -193,10 +195,16 @@ def test_a_database_pgmb_cannot_serve_is_refused_before_anything_starts(
 @both_databases
 def test_a_queue_filter_names_a_queue_of_any_database_served(transactional_db):
     _queue(SECOND, "http://127.0.0.1:9/", name="only_in_second")
+    out = StringIO()
+    call_command("pgmb_dispatch", *BOTH, "--queue", "only_in_second", "--until-idle", stdout=out)
+    assert "database=second claimed=0" in out.getvalue()
+    with pytest.raises(CommandError, match=r"^unknown queue\(s\): only_in_second$"):
+        call_command("pgmb_dispatch", "--queue", "only_in_second", "--until-idle")
     result = _command(*BOTH, "--queue", "only_in_second", "--queue", "nowhere", "--until-idle")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == "CommandError: unknown queue(s) (in none of the databases served): nowhere"
+    assert DispatcherProcess.objects.using(SECOND).count() == 1  # the first run's only
 
 
 @both_databases
@@ -271,17 +279,19 @@ def unmigrated_database(transactional_db) -> Iterator[str]:
 def test_a_database_without_pgmb_is_retried_while_the_other_delivers(
     spawn, recording_server, make_worker, make_queue, unmigrated_database
 ):
-    make_queue("#", worker=make_worker(endpoint=recording_server.url()))
+    queue = make_queue("#", worker=make_worker(endpoint=recording_server.url()))
     ids = {str(i) for i in pgmb.send_batch(("k", n) for n in range(20))}
     proc = spawn(
         *BOTH,
-        *["--until-idle", "--give-up-after", "1", "--poll-interval", "0.1"],
+        *["--queue", queue.name, "--until-idle", "--give-up-after", "1", "--poll-interval", "0.1"],
         extra_env={"PGMB_SECOND_DB_NAME": unmigrated_database},
     )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert _ids(recording_server) == ids
     assert "database=default claimed=20 delivered=20" in out
+    # Its queues could not be read for --queue: said, and left to its dispatcher.
+    assert "could not read the queues of database 'second'" in err
     # Logged with what is wrong, started again (more than once), then given up.
     assert err.count("[second] dispatcher failed") >= 2, err
     assert "does not exist" in err

@@ -61,8 +61,6 @@ class Served:
     stats: Stats = field(default_factory=Stats)
     #: Why it was given up (--until-idle, --give-up-after), or None.
     gave_up: str | None = None
-    #: How many times its engine failed and was started again.
-    restarts: int = 0
 
     def add(self, stats: Stats) -> None:
         self.stats.claimed += stats.claimed
@@ -158,7 +156,6 @@ class Supervisor:
                     log.error("gave up on the database: it %s", served.gave_up)
                     return
                 delay = backoff.next()
-                served.restarts += 1
                 # The traceback once a spell: a failure that repeats is the same failure.
                 log.error(
                     "dispatcher failed (%s); starting it again in %.1fs",

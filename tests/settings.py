@@ -46,8 +46,19 @@ DATABASES = {
         # The test database is "test_<NAME>": pg_cron's database in the test cluster.
         "NAME": os.environ.get("PGMB_DB_NAME", "postgres"),
         "TEST": {"NAME": os.environ.get("PGMB_TEST_DB", "test_pgmb")},
-    }
+    },
 }
+# A second PostgreSQL database on the same server, for one dispatcher serving several
+# (tests/dispatch/test_databases.py). pytest-django creates a test database only for the
+# aliases some collected test asks for (django_db(databases=...)): runs without those tests
+# never create or migrate it.
+DATABASES["second"] = {
+    **DATABASES["default"],
+    "NAME": os.environ.get("PGMB_SECOND_DB_NAME", "postgres"),
+    "TEST": {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_second"},
+}
+# Not PostgreSQL: what pgmb refuses to serve. No test connects to it.
+DATABASES["lite"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PGMB: dict = {}
 # Subprocess dispatchers of the tests beat faster than the default (tests/dispatch).

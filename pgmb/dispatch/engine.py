@@ -1,7 +1,8 @@
 """The dispatch loop: claim due deliveries, POST them, record each outcome.
 
-One process runs one :class:`Dispatcher`. Several may run against one database, on one
-machine or several: claims skip what another holds, rate limits live in Postgres.
+One :class:`Dispatcher` serves one database; a process serving several runs one each
+(:mod:`.supervisor`). Several may run against one database, on one machine or several:
+claims skip what another holds, rate limits live in Postgres.
 Outcomes are written in small batches by a separate task on its own connection, so a
 slow or failing request never delays or rolls back the record of another.
 
@@ -145,9 +146,15 @@ class Dispatcher:
             self._stopping.set()
             self._wake.set()
 
-    async def run(self) -> Stats:
+    async def run(self, *, signals: bool = True) -> Stats:
+        """Dispatch until stopped, idle (``until_idle``) or out of time; the stats.
+
+        ``signals=False`` leaves SIGTERM and SIGINT to the caller: a loop that runs several
+        dispatchers (:mod:`.supervisor`) stops them all from one handler.
+        """
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        handled = (signal.SIGTERM, signal.SIGINT) if signals else ()
+        for sig in handled:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
         self._session = new_session(self.options.concurrency)
@@ -184,7 +191,7 @@ class Dispatcher:
             await self._session.close()
             await self._claims.close()
             await self._outcomes_db.close()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in handled:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
         log.info("dispatcher stopped %s", self.stats.summary())

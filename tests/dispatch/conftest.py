@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from pgmb.dispatch.database import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options, Stats
@@ -40,6 +40,8 @@ def spawn(transactional_db) -> Iterator[Callable[..., subprocess.Popen]]:
         "PYTHONPATH": str(ROOT),
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "PGMB_DB_NAME": connection.settings_dict["NAME"],
+        # The second database's test name, for a test that asked for it (test_databases).
+        "PGMB_SECOND_DB_NAME": connections["second"].settings_dict["NAME"],
     }
 
     def start(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -8,11 +8,16 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
+from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf
-from pgmb.dispatch.database import Unavailable, conninfo_from_django
-from pgmb.dispatch.engine import Dispatcher, Options
+from pgmb.dispatch.database import conninfo_from_django
+from pgmb.dispatch.engine import Options
+from pgmb.dispatch.supervisor import Supervisor
 from pgmb.models import Queue
+
+from .pgmb_send import database_reason
 
 
 def _positive(kind: type) -> Any:
@@ -37,6 +42,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         settings = conf.get()
+        parser.add_argument(
+            "--database",
+            action="append",
+            dest="databases",
+            metavar="ALIAS",
+            help="Serve this database alias of settings.DATABASES (repeatable: one process, "
+            "one dispatcher per database; default: PGMB['DATABASE'], "
+            f"{settings.DATABASE!r}).",
+        )
         parser.add_argument(
             "--queue",
             action="append",
@@ -85,12 +99,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         settings = conf.get()
+        aliases = self._aliases(opts["databases"] or [settings.DATABASE])
         if opts["queues"]:
-            known = set(
-                Queue.objects.filter(name__in=opts["queues"]).values_list("name", flat=True)
-            )
-            if unknown := sorted(set(opts["queues"]) - known):
-                raise CommandError(f"unknown queue(s): {', '.join(unknown)}")
+            self._check_queues(aliases, opts["queues"])
         self._configure_logging(opts["verbosity"])
         options = Options(
             queues=opts["queues"],
@@ -105,13 +116,62 @@ class Command(BaseCommand):
             body_limit=settings.RESPONSE_BODY_LIMIT,
             heartbeat_interval=settings.DISPATCH_HEARTBEAT_INTERVAL,
         )
-        dispatcher = Dispatcher(conninfo_from_django(settings.DATABASE), options)
-        try:
-            stats = asyncio.run(dispatcher.run())
-        except Unavailable as exc:
-            raise CommandError(f"gave up: the database is {exc}") from exc
+        supervisor = Supervisor({alias: conninfo_from_django(alias) for alias in aliases}, options)
+        served = asyncio.run(supervisor.run())
         if opts["verbosity"] >= 1:
-            self.stdout.write(stats.summary())
+            for alias, result in served.items():
+                prefix = f"database={alias} " if len(served) > 1 else ""
+                self.stdout.write(prefix + result.stats.summary())
+        gave_up = [result for result in served.values() if result.gave_up]
+        if len(served) == 1 and gave_up:
+            raise CommandError(f"gave up: the database {gave_up[0].gave_up}")
+        if gave_up:
+            raise CommandError(
+                "gave up: "
+                + "; ".join(f"database {result.alias!r} {result.gave_up}" for result in gave_up)
+            )
+
+    def _aliases(self, given: list[str]) -> list[str]:
+        """The aliases to serve, in order; an error for anything pgmb cannot serve."""
+        for alias in given:
+            try:
+                vendor = connections[alias].vendor
+            except ConnectionDoesNotExist:
+                raise CommandError(f"--database {alias!r} is not in settings.DATABASES") from None
+            if vendor != "postgresql":
+                raise CommandError(
+                    f"--database {alias!r} is {vendor}, not PostgreSQL: pgmb needs "
+                    "django.db.backends.postgresql"
+                )
+        if twice := sorted({alias for alias in given if given.count(alias) > 1}):
+            raise CommandError(f"--database given twice: {', '.join(map(repr, twice))}")
+        return given
+
+    def _check_queues(self, aliases: list[str], names: list[str]) -> None:
+        """Each ``--queue`` must exist in at least one of the databases served.
+
+        A database that cannot be read now (unreachable, not migrated) is that database's
+        problem, as it is once dispatching: a warning, and its queues are not counted.
+        """
+        known: set[str] = set()
+        unread = []
+        for alias in aliases:
+            try:
+                known.update(
+                    Queue.objects.using(alias).filter(name__in=names).values_list("name", flat=True)
+                )
+            except DatabaseError as exc:
+                unread.append(alias)
+                self.stderr.write(
+                    f"could not read the queues of database {alias!r}: {database_reason(exc)}"
+                )
+            finally:
+                # The dispatcher has connections of its own; this one would only idle.
+                connections[alias].close()
+        unknown = sorted(set(names) - known)
+        if unknown and not unread:
+            where = "" if len(aliases) == 1 else " (in none of the databases served)"
+            raise CommandError(f"unknown queue(s){where}: {', '.join(unknown)}")
 
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("pgmb.dispatch")

@@ -120,6 +120,23 @@ DEFAULT_BREAKER_COOLDOWN_MAX = 600.0
 #: The longest breaker window and cool-down (a day).
 MAX_BREAKER_SECONDS = 86400
 MAX_BREAKER_COUNT = 1_000_000
+#: The breaker's state, written by the SQL functions of migration 0021 only.
+BREAKER_STATE_FIELDS = frozenset(
+    {
+        "breaker_state",
+        "breaker_since",
+        "breaker_until",
+        "breaker_reason",
+        "breaker_streak",
+        "breaker_trips",
+        "breaker_probe",
+        "breaker_window_at",
+        "breaker_requests",
+        "breaker_failed",
+        "breaker_prev_requests",
+        "breaker_prev_failed",
+    }
+)
 BREAKER_STATES = [("closed", _("closed")), ("open", _("open")), ("half_open", _("half-open"))]
 
 
@@ -263,6 +280,18 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The breaker's state is kept by the SQL functions: a save of a worker read earlier
+        # (the admin's form) would write back the state it read, undoing a transition made
+        # meanwhile. Only a new worker's row is written whole.
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            kwargs["update_fields"] = [
+                f.name
+                for f in self._meta.concrete_fields
+                if not f.primary_key and f.name not in BREAKER_STATE_FIELDS
+            ]
+        super().save(*args, **kwargs)
 
     def clean(self) -> None:
         super().clean()

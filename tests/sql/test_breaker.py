@@ -296,3 +296,13 @@ def test_each_transition_is_announced_once(transactional_db, make_worker, make_q
     assert json.loads(detail) == {"worker": worker.name, "state": "open", "reason": reason}
     assert moved == (worker.name, "open", reason)
     assert Delivery.objects.filter(state="ready", attempts=0).count() == 1
+
+
+def test_saving_a_worker_read_before_a_transition_keeps_the_transition(guarded):
+    worker, _ = guarded
+    stale = Worker.objects.get(pk=worker.pk)  # closed, as the admin's form read it
+    _fail(deliveries.claim(limit=3))
+    stale.rps = 50
+    stale.save()
+    w = _state(worker)
+    assert (w.rps, w.breaker_state) == (50, "open")

@@ -73,6 +73,12 @@ class WorkerMetrics:
     #: Failures since the last success, counted over 24 hours at most.
     consecutive_failures: int
     scrape_time: datetime
+    #: The circuit breaker: off (no limit set), closed, open or half_open; why; since when;
+    #: open: the end of its cool-down, half-open: until when its probe may take.
+    breaker_state: str = "off"
+    breaker_reason: str = ""
+    breaker_since: datetime | None = None
+    breaker_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +201,9 @@ QUEUE_FAMILIES: tuple[Family, ...] = (
     Family("pgmb_queue_paused", "gauge", "1 when the queue is paused.", lambda m: m.paused),
 )  # fmt: skip
 
+#: pgmb_worker_breaker_state's values.
+BREAKER_STATE_VALUES = {"closed": 0, "open": 1, "half_open": 2}
+
 WORKER_FAMILIES: tuple[Family, ...] = (
     Family("pgmb_worker_active", "gauge", "1 when the worker is active.", lambda w: w.active),
     Family("pgmb_worker_requests_last_hour", "gauge",
@@ -219,6 +228,9 @@ WORKER_FAMILIES: tuple[Family, ...] = (
     Family("pgmb_worker_consecutive_failures", "gauge",
            "Failed attempts since the worker's last success (24 hours look-back).",
            lambda w: w.consecutive_failures),
+    Family("pgmb_worker_breaker_state", "gauge",
+           "The worker's circuit breaker: 0 closed, 1 open, 2 half-open (no sample: off).",
+           lambda w: BREAKER_STATE_VALUES.get(w.breaker_state)),
 )  # fmt: skip
 
 

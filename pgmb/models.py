@@ -112,6 +112,45 @@ _QUEUE_SECONDS: list[Callable[[Any], None]] = [
     MaxValueValidator(MAX_QUEUE_SECONDS),
 ]
 
+# The circuit breaker's defaults and bounds (pgmb.check_breaker holds the same in SQL).
+DEFAULT_BREAKER_WINDOW = 60.0
+DEFAULT_BREAKER_MIN_REQUESTS = 20
+DEFAULT_BREAKER_COOLDOWN = 30.0
+DEFAULT_BREAKER_COOLDOWN_MAX = 600.0
+#: The longest breaker window and cool-down (a day).
+MAX_BREAKER_SECONDS = 86400
+MAX_BREAKER_COUNT = 1_000_000
+#: The breaker's state, written by the SQL functions of migration 0022 only.
+BREAKER_STATE_FIELDS = frozenset(
+    {
+        "breaker_state",
+        "breaker_since",
+        "breaker_until",
+        "breaker_reason",
+        "breaker_streak",
+        "breaker_trips",
+        "breaker_probe",
+        "breaker_window_at",
+        "breaker_requests",
+        "breaker_failed",
+        "breaker_prev_requests",
+        "breaker_prev_failed",
+    }
+)
+BREAKER_STATES = [("closed", _("closed")), ("open", _("open")), ("half_open", _("half-open"))]
+
+
+def validate_positive(value: float) -> None:
+    if not value > 0:  # NaN too
+        raise ValidationError(_("Enter a number above 0."), code="min_value")
+
+
+_BREAKER_SECONDS: list[Callable[[Any], None]] = [
+    validate_finite,
+    validate_positive,
+    MaxValueValidator(MAX_BREAKER_SECONDS),
+]
+
 
 class Worker(models.Model):
     """An HTTP endpoint that messages are POSTed to, at most ``rps`` requests a second."""
@@ -152,6 +191,76 @@ class Worker(models.Model):
     tokens = models.FloatField(default=0, editable=False)
     tokens_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The circuit breaker's settings (off unless breaker_failures or breaker_rate is set),
+    # checked here and by pgmb.check_breaker (migration 0022).
+    breaker_failures = models.PositiveIntegerField(
+        _("open after failures in a row"),
+        null=True,
+        blank=True,
+        validators=[MaxValueValidator(MAX_BREAKER_COUNT)],
+        help_text=_("Empty or 0: no limit on failures in a row."),
+    )
+    breaker_rate = models.FloatField(
+        _("open at failure rate"),
+        null=True,
+        blank=True,
+        validators=[validate_finite, validate_positive, MaxValueValidator(1)],
+        help_text=_(
+            "A share of the window's requests, above 0 and at most 1 (0.5: half of them "
+            "failed). Empty: no rate limit."
+        ),
+    )
+    breaker_window = models.FloatField(
+        _("rate window (s)"),
+        default=DEFAULT_BREAKER_WINDOW,
+        db_default=DEFAULT_BREAKER_WINDOW,
+        validators=_BREAKER_SECONDS,
+    )
+    breaker_min_requests = models.PositiveIntegerField(
+        _("rate from requests"),
+        default=DEFAULT_BREAKER_MIN_REQUESTS,
+        db_default=DEFAULT_BREAKER_MIN_REQUESTS,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_BREAKER_COUNT)],
+        help_text=_("The rate counts once the window holds at least this many requests."),
+    )
+    breaker_cooldown = models.FloatField(
+        _("cool-down (s)"),
+        default=DEFAULT_BREAKER_COOLDOWN,
+        db_default=DEFAULT_BREAKER_COOLDOWN,
+        validators=_BREAKER_SECONDS,
+        help_text=_("How long an open breaker holds the worker's deliveries before a probe."),
+    )
+    breaker_cooldown_max = models.FloatField(
+        _("cool-down cap (s)"),
+        default=DEFAULT_BREAKER_COOLDOWN_MAX,
+        db_default=DEFAULT_BREAKER_COOLDOWN_MAX,
+        validators=_BREAKER_SECONDS,
+        help_text=_("Each failed probe doubles the cool-down, up to this."),
+    )
+    # The breaker's state, kept by the SQL functions of migration 0022 only.
+    breaker_state = models.CharField(
+        _("breaker"),
+        max_length=9,
+        choices=BREAKER_STATES,
+        default="closed",
+        db_default="closed",
+        editable=False,
+    )
+    breaker_since = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Open: the end of the cool-down; half-open: until when the probe may take.
+    breaker_until = models.DateTimeField(null=True, blank=True, editable=False)
+    breaker_reason = models.TextField(default="", db_default="", editable=False)
+    #: Counted failures in a row; openings since the breaker last closed.
+    breaker_streak = models.IntegerField(default=0, db_default=0, editable=False)
+    breaker_trips = models.IntegerField(default=0, db_default=0, editable=False)
+    #: The lease of the probe's claim (half-open).
+    breaker_probe = models.UUIDField(null=True, blank=True, editable=False)
+    # The rate's two buckets: the current one (since breaker_window_at) and the one before.
+    breaker_window_at = models.DateTimeField(null=True, blank=True, editable=False)
+    breaker_requests = models.IntegerField(default=0, db_default=0, editable=False)
+    breaker_failed = models.IntegerField(default=0, db_default=0, editable=False)
+    breaker_prev_requests = models.IntegerField(default=0, db_default=0, editable=False)
+    breaker_prev_failed = models.IntegerField(default=0, db_default=0, editable=False)
 
     class Meta:
         db_table = "pgmb_worker"
@@ -171,6 +280,38 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The breaker's state is kept by the SQL functions: a save of a worker read earlier
+        # (the admin's form) would write back the state it read, undoing a transition made
+        # meanwhile. Only a new worker's row is written whole.
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            kwargs["update_fields"] = [
+                f.name
+                for f in self._meta.concrete_fields
+                if not f.primary_key and f.name not in BREAKER_STATE_FIELDS
+            ]
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        super().clean()
+        cooldown, cap = self.breaker_cooldown, self.breaker_cooldown_max
+        # A value that is not a finite number has its own error already.
+        if (
+            isinstance(cooldown, float | int)
+            and isinstance(cap, float | int)
+            and math.isfinite(cooldown)
+            and math.isfinite(cap)
+            and cap < cooldown
+        ):
+            raise ValidationError(
+                {"breaker_cooldown_max": _("The cap must be at least the cool-down.")}
+            )
+
+    @property
+    def breaker_on(self) -> bool:
+        """Whether the circuit breaker watches this worker (a limit is set)."""
+        return bool(self.breaker_failures) or self.breaker_rate is not None
 
 
 class Queue(models.Model):

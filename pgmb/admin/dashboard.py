@@ -38,7 +38,7 @@ from .. import conf, dispatchers, metrics, series, statistics
 from ..dispatchers import DispatcherInfo
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Dashboard
-from . import charts, health, pausing
+from . import breakers, charts, health, pausing
 from .dispatchers import state_badge
 
 #: Minutes between the named ticks of the time axis.
@@ -284,6 +284,7 @@ def worker_rows(workers: Sequence[WorkerMetrics]) -> list[dict[str, Any]]:
         {
             "name": w.worker_name,
             "health": health.health_badge(health.worker_health(w)),
+            "breaker": breakers.badge(w.breaker_state, w.breaker_reason, w.breaker_until),
             "requests_last_hour": w.requests_last_hour,
             "success_rate": health.percent(w.success_rate),
             "p95_latency": health.milliseconds(w.p95_latency_ms),

@@ -28,7 +28,21 @@ class WorkerForm(forms.ModelForm):
 
     class Meta:
         model = Worker
-        fields = ["name", "endpoint", "rps", "burst", "timeout", "active", "secret"]
+        fields = [
+            "name",
+            "endpoint",
+            "rps",
+            "burst",
+            "timeout",
+            "active",
+            "secret",
+            "breaker_failures",
+            "breaker_rate",
+            "breaker_window",
+            "breaker_min_requests",
+            "breaker_cooldown",
+            "breaker_cooldown_max",
+        ]
         widgets = {"endpoint": forms.URLInput(attrs={"class": "vURLField"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

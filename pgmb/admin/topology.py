@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import metrics, routing
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Queue, Worker
-from . import dead_letters, health, pausing, worker_test
+from . import breakers, dead_letters, health, pausing, worker_test
 from .common import refuse_unpermitted
 from .forms import WorkerForm
 
@@ -79,6 +79,7 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         "rps",
         "timeout",
         "state",
+        "breaker",
         "health",
         "requests_last_hour",
         "success_rate",
@@ -93,12 +94,32 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     load_metrics = staticmethod(metrics.workers)
     metrics_name_field = "worker_name"
     list_filter = (WorkerStateFilter,)
-    actions = (*pausing.WORKER_ACTIONS, worker_test.send_test_requests)
+    actions = (*pausing.WORKER_ACTIONS, *breakers.ACTIONS, worker_test.send_test_requests)
     search_fields = ("name", "endpoint")
-    readonly_fields = ("id", "created_at")
+    readonly_fields = ("id", "created_at", "breaker", "breaker_since")
     fieldsets = (
         (None, {"fields": ("name", "endpoint", "rps", "burst", "timeout", "active")}),
         (_("Request signing"), {"fields": ("secret", "clear_secret")}),
+        (
+            _("Circuit breaker"),
+            {
+                "fields": (
+                    "breaker",
+                    "breaker_since",
+                    "breaker_failures",
+                    "breaker_rate",
+                    "breaker_window",
+                    "breaker_min_requests",
+                    "breaker_cooldown",
+                    "breaker_cooldown_max",
+                ),
+                "description": _(
+                    "Pauses the worker by itself while its endpoint keeps failing (network "
+                    "errors, timeouts, 5xx, 408, 429), and sends one delivery to probe it "
+                    "after the cool-down. Off while both limits are empty."
+                ),
+            },
+        ),
         (_("Record"), {"fields": ("id", "created_at"), "classes": ("collapse",)}),
     )
 
@@ -118,7 +139,9 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        refuse_unpermitted(self, request, (*pausing.WORKER_ACTIONS, *worker_test.ACTIONS))
+        refuse_unpermitted(
+            self, request, (*pausing.WORKER_ACTIONS, *breakers.ACTIONS, *worker_test.ACTIONS)
+        )
         return super().changelist_view(request, extra_context)
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
@@ -134,6 +157,16 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     @admin.action(permissions=["pause"], description=_("Resume selected workers"))
     def resume_workers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         pausing.set_paused(self, request, queryset, False)
+
+    @admin.action(
+        permissions=["pause"], description=_("Close the circuit breakers of selected workers")
+    )
+    def close_breakers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        breakers.close(self, request, queryset)
+
+    @admin.display(description=_("circuit breaker"), ordering="breaker_state")
+    def breaker(self, obj: Worker) -> SafeString:
+        return breakers.worker_badge(obj)
 
     @admin.display(description=_("state"), ordering="active")
     def state(self, obj: Worker) -> SafeString:

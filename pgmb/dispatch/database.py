@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .. import sql
+from .. import breakers, sql
 from ..deliveries import Call, arun
 from .backoff import Backoff
 
@@ -88,6 +88,9 @@ class Database:
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
             conn = await psycopg.AsyncConnection.connect(**self._conninfo, autocommit=True)
+            # Circuit breakers announce their transitions on the connection that made them
+            # (a claim, an outcome): logged as they come, no query of their own.
+            conn.add_notice_handler(breakers.log_notice)
             if self._setup:
                 try:
                     await conn.execute(sql.query("dispatcher.sql", self._setup))

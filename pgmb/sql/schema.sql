@@ -27,6 +27,49 @@ SET default_tablespace = '';
 SET default_table_access_method = heap;
 
 --
+-- Name: pgmb_worker; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.pgmb_worker (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    name character varying(48) NOT NULL,
+    endpoint character varying(2000) NOT NULL,
+    rps integer DEFAULT 10 NOT NULL,
+    timeout double precision DEFAULT 10.0 NOT NULL,
+    secret character varying(200) DEFAULT ''::character varying NOT NULL,
+    active boolean DEFAULT true NOT NULL,
+    tokens double precision DEFAULT 0 NOT NULL,
+    tokens_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    burst double precision DEFAULT 0.2 NOT NULL,
+    breaker_cooldown double precision DEFAULT 30.0 NOT NULL,
+    breaker_cooldown_max double precision DEFAULT 600.0 NOT NULL,
+    breaker_failed integer DEFAULT 0 NOT NULL,
+    breaker_failures integer,
+    breaker_min_requests integer DEFAULT 20 NOT NULL,
+    breaker_prev_failed integer DEFAULT 0 NOT NULL,
+    breaker_prev_requests integer DEFAULT 0 NOT NULL,
+    breaker_probe uuid,
+    breaker_rate double precision,
+    breaker_reason text DEFAULT ''::text NOT NULL,
+    breaker_requests integer DEFAULT 0 NOT NULL,
+    breaker_since timestamp with time zone,
+    breaker_state character varying(9) DEFAULT 'closed'::character varying NOT NULL,
+    breaker_streak integer DEFAULT 0 NOT NULL,
+    breaker_trips integer DEFAULT 0 NOT NULL,
+    breaker_until timestamp with time zone,
+    breaker_window double precision DEFAULT 60.0 NOT NULL,
+    breaker_window_at timestamp with time zone,
+    CONSTRAINT pgmb_worker_breaker_failures_check CHECK ((breaker_failures >= 0)),
+    CONSTRAINT pgmb_worker_breaker_min_requests_check CHECK ((breaker_min_requests >= 0)),
+    CONSTRAINT pgmb_worker_breaker_state CHECK (((breaker_state)::text = ANY ('{closed,open,half_open}'::text[]))),
+    CONSTRAINT pgmb_worker_burst_positive CHECK ((burst > (0)::double precision)),
+    CONSTRAINT pgmb_worker_rps_check CHECK ((rps >= 0)),
+    CONSTRAINT pgmb_worker_rps_positive CHECK ((rps > 0)),
+    CONSTRAINT pgmb_worker_timeout_positive CHECK ((timeout > (0)::double precision))
+);
+
+--
 -- Name: pgmb_queue; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -47,28 +90,6 @@ CREATE TABLE public.pgmb_queue (
     CONSTRAINT pgmb_queue_lease_positive CHECK ((lease_seconds > (0)::double precision)),
     CONSTRAINT pgmb_queue_max_retries_check CHECK ((max_retries >= 0)),
     CONSTRAINT pgmb_queue_retries_not_negative CHECK ((max_retries >= 0))
-);
-
---
--- Name: pgmb_worker; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.pgmb_worker (
-    id uuid DEFAULT gen_random_uuid() NOT NULL,
-    name character varying(48) NOT NULL,
-    endpoint character varying(2000) NOT NULL,
-    rps integer DEFAULT 10 NOT NULL,
-    timeout double precision DEFAULT 10.0 NOT NULL,
-    secret character varying(200) DEFAULT ''::character varying NOT NULL,
-    active boolean DEFAULT true NOT NULL,
-    tokens double precision DEFAULT 0 NOT NULL,
-    tokens_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    burst double precision DEFAULT 0.2 NOT NULL,
-    CONSTRAINT pgmb_worker_burst_positive CHECK ((burst > (0)::double precision)),
-    CONSTRAINT pgmb_worker_rps_check CHECK ((rps >= 0)),
-    CONSTRAINT pgmb_worker_rps_positive CHECK ((rps > 0)),
-    CONSTRAINT pgmb_worker_timeout_positive CHECK ((timeout > (0)::double precision))
 );
 
 --
@@ -412,6 +433,7 @@ CREATE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL:
 DECLARE
     acked integer;
 BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (0022)
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
     ), done AS (
@@ -450,6 +472,245 @@ CREATE FUNCTION pgmb.binding_literals(binding_key text) RETURNS text[]
 $$;
 
 --
+-- Name: breaker_admit(uuid, integer, timestamp with time zone, uuid); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.breaker_admit(worker_id uuid, tokens integer, t timestamp with time zone, lease uuid) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    w pgmb_worker;
+BEGIN
+    SELECT * INTO w FROM pgmb_worker wk WHERE wk.id = worker_id;
+    IF w.breaker_state = 'closed' THEN
+        RETURN tokens;
+    END IF;
+    IF tokens <= 0 OR w.breaker_until > t THEN
+        RETURN 0;
+    END IF;
+    UPDATE pgmb_worker wk
+    SET breaker_state = 'half_open', breaker_probe = lease,
+        breaker_since = CASE WHEN w.breaker_state = 'open' THEN t ELSE wk.breaker_since END,
+        breaker_until = t + (SELECT least(max(q.lease_seconds), 2592000) FROM pgmb_queue q
+                             WHERE q.worker_id = wk.id) * interval '1 second',
+        breaker_reason = CASE WHEN w.breaker_state = 'open'
+                              THEN 'cool-down over: one delivery probes the endpoint'
+                              ELSE 'the probe went without an outcome: another probes the endpoint' END
+    WHERE wk.id = worker_id;
+    IF w.breaker_state = 'open' THEN
+        PERFORM pgmb.breaker_announce(w.name, 'half_open', 'cool-down over: one delivery probes the endpoint');
+    END IF;
+    RETURN 1;
+END $$;
+
+--
+-- Name: breaker_announce(text, text, text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.breaker_announce(worker_name text, state text, reason text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE WARNING 'pgmb: circuit breaker of worker % is %: %', worker_name, replace(state, '_', '-'), reason
+        USING ERRCODE = '01PB0',
+              DETAIL = json_build_object('worker', worker_name, 'state', state, 'reason', reason)::text;
+    IF state = 'closed' THEN
+        -- Its deliveries are claimable again: wake dispatchers that sleep (none: no cost).
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+END $$;
+
+--
+-- Name: breaker_cooldown(double precision, double precision, integer); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.breaker_cooldown(cooldown double precision, cooldown_max double precision, trips integer) RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT least(cooldown_max, cooldown * 2 ^ least(greatest(trips - 1, 0), 30))
+$$;
+
+--
+-- Name: breaker_counts(integer); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.breaker_counts(status integer) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT status IS NULL
+        OR NOT (status BETWEEN 200 AND 299 OR (status BETWEEN 400 AND 499 AND status NOT IN (408, 429)))
+$$;
+
+--
+-- Name: breaker_describe(integer, text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.breaker_describe(status integer, error text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT left(coalesce(nullif(error, ''), 'HTTP ' || status, 'no answer'), 200)
+$$;
+
+--
+-- Name: breaker_reset(uuid[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.breaker_reset(worker_ids uuid[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    w record;
+    n integer := 0;
+BEGIN
+    FOR w IN
+        UPDATE pgmb_worker wk
+        SET breaker_state = 'closed', breaker_since = clock_timestamp(), breaker_until = NULL,
+            breaker_probe = NULL, breaker_reason = 'closed by hand', breaker_streak = 0, breaker_trips = 0,
+            breaker_window_at = NULL, breaker_requests = 0, breaker_failed = 0,
+            breaker_prev_requests = 0, breaker_prev_failed = 0
+        FROM (SELECT o.id FROM pgmb_worker o WHERE o.id = ANY (worker_ids) AND o.breaker_state <> 'closed'
+              ORDER BY o.id FOR UPDATE) AS chosen
+        WHERE wk.id = chosen.id
+        RETURNING wk.name
+    LOOP
+        PERFORM pgmb.breaker_announce(w.name, 'closed', 'closed by hand');
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;
+
+--
+-- Name: breaker_settle(bigint[], uuid[], integer[], text[], boolean); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.breaker_settle(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], acked boolean) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    -- The outcomes of workers with a breaker, by worker (in id order), then as given.
+    o_workers uuid[];
+    o_leases uuid[];
+    o_statuses integer[];
+    o_errors text[];
+    w pgmb_worker;
+    was text;
+    t timestamptz;
+    failed boolean;
+    weight float8;
+    requests float8;
+    failures float8;
+    moved integer := 0;
+BEGIN
+    -- No worker has a breaker: nothing read, nothing written (the index is empty).
+    IF NOT EXISTS (SELECT 1 FROM pgmb_worker wk WHERE wk.breaker_failures > 0 OR wk.breaker_rate IS NOT NULL) THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(l.worker_id ORDER BY l.worker_id, l.n), array_agg(l.lease_id ORDER BY l.worker_id, l.n),
+           array_agg(l.status ORDER BY l.worker_id, l.n), array_agg(l.error ORDER BY l.worker_id, l.n)
+    INTO o_workers, o_leases, o_statuses, o_errors
+    FROM (SELECT u.n, q.worker_id, d.lease_id, u.status, u.error
+          FROM unnest(delivery_ids, lease_ids, statuses, errors) WITH ORDINALITY AS u(id, lease_id, status, error, n)
+          JOIN pgmb_delivery d ON d.id = u.id AND d.state = 'leased' AND (acked OR d.lease_id = u.lease_id)
+          JOIN pgmb_queue q ON q.id = d.queue_id
+          JOIN pgmb_worker wk ON wk.id = q.worker_id
+          WHERE wk.breaker_failures > 0 OR wk.breaker_rate IS NOT NULL
+          ORDER BY d.id
+          FOR UPDATE OF d) AS l;
+    FOR i IN 1 .. coalesce(cardinality(o_workers), 0) LOOP
+        IF i = 1 OR o_workers[i] <> o_workers[i - 1] THEN
+            SELECT * INTO w FROM pgmb_worker wk WHERE wk.id = o_workers[i] FOR UPDATE;
+            was := w.breaker_state;
+        END IF;
+        t := clock_timestamp();
+        failed := NOT acked AND pgmb.breaker_counts(o_statuses[i]);
+        -- Open: what was out when it opened settles without a say (the probe decides).
+        IF w.breaker_state = 'half_open' THEN
+            -- Only the probe decides; requests that were out before it opened do not.
+            IF o_leases[i] = w.breaker_probe THEN
+                w.breaker_trips := CASE WHEN failed THEN w.breaker_trips + 1 ELSE 0 END;
+                IF failed THEN
+                    w.breaker_state := 'open';
+                    w.breaker_until := t + pgmb.breaker_cooldown(w.breaker_cooldown, w.breaker_cooldown_max,
+                                                                  w.breaker_trips) * interval '1 second';
+                    w.breaker_reason := format('the probe failed (%s); next probe in %s s',
+                                               pgmb.breaker_describe(o_statuses[i], o_errors[i]),
+                                               round(extract(epoch FROM w.breaker_until - t)::numeric, 1));
+                ELSE
+                    w.breaker_state := 'closed';
+                    w.breaker_until := NULL;
+                    w.breaker_reason := format('the probe succeeded (%s)',
+                                               pgmb.breaker_describe(o_statuses[i], o_errors[i]));
+                END IF;
+                w.breaker_since := t;
+                w.breaker_probe := NULL;
+                w.breaker_streak := CASE WHEN failed THEN w.breaker_streak + 1 ELSE 0 END;
+                w.breaker_window_at := NULL;
+                w.breaker_requests := 0;
+                w.breaker_failed := 0;
+                w.breaker_prev_requests := 0;
+                w.breaker_prev_failed := 0;
+            END IF;
+        ELSIF w.breaker_state = 'closed' THEN
+            -- Counted in two buckets of the window, the previous one weighed by how much of
+            -- it the window still covers.
+            IF w.breaker_window_at IS NULL
+               OR t >= w.breaker_window_at + 2 * w.breaker_window * interval '1 second' THEN
+                w.breaker_window_at := t;
+                w.breaker_prev_requests := 0;
+                w.breaker_prev_failed := 0;
+                w.breaker_requests := 0;
+                w.breaker_failed := 0;
+            ELSIF t >= w.breaker_window_at + w.breaker_window * interval '1 second' THEN
+                w.breaker_window_at := w.breaker_window_at + w.breaker_window * interval '1 second';
+                w.breaker_prev_requests := w.breaker_requests;
+                w.breaker_prev_failed := w.breaker_failed;
+                w.breaker_requests := 0;
+                w.breaker_failed := 0;
+            END IF;
+            w.breaker_requests := w.breaker_requests + 1;
+            w.breaker_failed := w.breaker_failed + failed::integer;
+            w.breaker_streak := CASE WHEN failed THEN w.breaker_streak + 1 ELSE 0 END;
+            weight := greatest(0, 1 - extract(epoch FROM t - w.breaker_window_at) / w.breaker_window);
+            requests := w.breaker_requests + w.breaker_prev_requests * weight;
+            failures := w.breaker_failed + w.breaker_prev_failed * weight;
+            IF failed AND w.breaker_failures > 0 AND w.breaker_streak >= w.breaker_failures THEN
+                w.breaker_state := 'open';
+                w.breaker_reason := format('%s failures in a row (last: %s)', w.breaker_streak,
+                                           pgmb.breaker_describe(o_statuses[i], o_errors[i]));
+            ELSIF failed AND w.breaker_rate IS NOT NULL AND requests >= w.breaker_min_requests
+                  AND failures >= w.breaker_rate * requests THEN
+                w.breaker_state := 'open';
+                w.breaker_reason := format('%s%% of the requests of the last %s s failed (%s of %s; last: %s)',
+                                           round((100 * failures / requests)::numeric), w.breaker_window,
+                                           round(failures::numeric), round(requests::numeric),
+                                           pgmb.breaker_describe(o_statuses[i], o_errors[i]));
+            END IF;
+            IF w.breaker_state = 'open' THEN
+                w.breaker_trips := w.breaker_trips + 1;
+                w.breaker_since := t;
+                w.breaker_until := t + pgmb.breaker_cooldown(w.breaker_cooldown, w.breaker_cooldown_max,
+                                                              w.breaker_trips) * interval '1 second';
+            END IF;
+        END IF;
+        IF i = cardinality(o_workers) OR o_workers[i + 1] <> o_workers[i] THEN
+            UPDATE pgmb_worker wk
+            SET breaker_state = w.breaker_state, breaker_since = w.breaker_since,
+                breaker_until = w.breaker_until, breaker_reason = w.breaker_reason,
+                breaker_streak = w.breaker_streak, breaker_trips = w.breaker_trips,
+                breaker_probe = w.breaker_probe, breaker_window_at = w.breaker_window_at,
+                breaker_requests = w.breaker_requests, breaker_failed = w.breaker_failed,
+                breaker_prev_requests = w.breaker_prev_requests, breaker_prev_failed = w.breaker_prev_failed
+            WHERE wk.id = w.id;
+            IF w.breaker_state <> was THEN
+                PERFORM pgmb.breaker_announce(w.name, w.breaker_state, w.breaker_reason);
+                moved := moved + 1;
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN moved;
+END $$;
+
+--
 -- Name: busy(text[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -485,6 +746,55 @@ CREATE FUNCTION pgmb.caller_in(group_role name) RETURNS boolean
     SELECT EXISTS (SELECT FROM pg_roles r
                    WHERE r.rolname = group_role AND pg_has_role(pgmb.caller(), r.oid, 'USAGE'))
 $$;
+
+--
+-- Name: check_breaker(public.pgmb_worker); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.check_breaker(w public.pgmb_worker) RETURNS public.pgmb_worker
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF w.breaker_failures IS NOT NULL AND w.breaker_failures NOT BETWEEN 0 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid breaker_failures % for worker %: 1 to 1000000 failures in a row, or 0 or NULL (off)',
+                        w.breaker_failures, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.breaker_rate IS NOT NULL AND NOT (w.breaker_rate > 0 AND w.breaker_rate <= 1) THEN
+        RAISE EXCEPTION 'invalid breaker_rate % for worker %: a share of failed requests above 0 and at most 1, or NULL (off)',
+                        w.breaker_rate, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.breaker_window IS NULL OR NOT (w.breaker_window > 0 AND w.breaker_window <= 86400) THEN
+        RAISE EXCEPTION 'invalid breaker_window % for worker %: seconds above 0, at most 86400',
+                        w.breaker_window, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.breaker_min_requests IS NULL OR w.breaker_min_requests NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid breaker_min_requests % for worker %: 1 to 1000000 requests',
+                        w.breaker_min_requests, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.breaker_cooldown IS NULL OR NOT (w.breaker_cooldown > 0 AND w.breaker_cooldown <= 86400) THEN
+        RAISE EXCEPTION 'invalid breaker_cooldown % for worker %: seconds above 0, at most 86400',
+                        w.breaker_cooldown, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.breaker_cooldown_max IS NULL
+       OR NOT (w.breaker_cooldown_max >= w.breaker_cooldown AND w.breaker_cooldown_max <= 86400) THEN
+        RAISE EXCEPTION 'invalid breaker_cooldown_max % for worker %: seconds from breaker_cooldown (%) to 86400',
+                        w.breaker_cooldown_max, w.name, w.breaker_cooldown
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF coalesce(w.breaker_failures, 0) = 0 AND w.breaker_rate IS NULL AND w.breaker_state <> 'closed' THEN
+        w.breaker_state := 'closed';
+        w.breaker_since := clock_timestamp();
+        w.breaker_until := NULL;
+        w.breaker_probe := NULL;
+        w.breaker_reason := 'breaker turned off';
+    END IF;
+    RETURN w;
+END $$;
 
 --
 -- Name: check_delay(double precision); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -594,11 +904,13 @@ DECLARE
     q uuid;
     tokens integer;
     got integer;
+    breaker text;
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
         FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
         WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (0022)
           AND (queue_names IS NULL OR qu.name = ANY (queue_names))
           AND EXISTS (SELECT 1 FROM pgmb_delivery d
                       WHERE d.queue_id = qu.id AND d.state = 'ready' AND d.available_at <= t)
@@ -615,8 +927,10 @@ BEGIN
                            wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
             tokens_at = t
         WHERE wk.id = w.id
-        RETURNING floor(wk.tokens)::integer INTO tokens;
+        RETURNING floor(wk.tokens)::integer, wk.breaker_state INTO tokens, breaker;
         tokens := least(tokens, remaining);
+        -- Circuit breaker (0022): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
         CONTINUE WHEN tokens <= 0;
         -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
         FOREACH q IN ARRAY w.queue_ids LOOP
@@ -1377,12 +1691,12 @@ BEGIN
                 THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
     FROM (
         SELECT CASE WHEN due IS NOT NULL
-                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second')
+                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
                END AS at
         FROM (
             SELECT (SELECT min(d.available_at) FROM pgmb_delivery d
                     WHERE d.queue_id = qu.id AND d.state = 'ready') AS due,
-                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps
+                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
             FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
             WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
         ) AS per_queue
@@ -1560,6 +1874,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Use whsec_ and base64 (padded or not), or a text without control characters.';
     END IF;
+    w := pgmb.check_breaker(w);
     RETURN w;
 END $_$;
 
@@ -2115,6 +2430,7 @@ CREATE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], st
 DECLARE
     settled integer;
 BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (0022)
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
             AS u(id, lease_id, status, error, retry_after, duration_ms)
@@ -2850,6 +3166,12 @@ CREATE UNIQUE INDEX pgmb_queue_view_base ON public.pgmb_queue USING btree (pgmb.
 --
 
 CREATE INDEX pgmb_queue_worker_id_eab887d6 ON public.pgmb_queue USING btree (worker_id);
+
+--
+-- Name: pgmb_worker_breaker; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_worker_breaker ON public.pgmb_worker USING btree (id) WHERE ((breaker_failures > 0) OR (breaker_rate IS NOT NULL));
 
 --
 -- Name: pgmb_worker_name_b0293182_like; Type: INDEX; Schema: public; Owner: -

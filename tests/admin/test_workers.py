@@ -17,6 +17,11 @@ def worker_data(**changes):
         "timeout": "5",
         "active": "on",
         "secret": "",
+        # The circuit breaker's fields, as the form renders them (off).
+        "breaker_window": "60",
+        "breaker_min_requests": "20",
+        "breaker_cooldown": "30",
+        "breaker_cooldown_max": "600",
         "_save": "Save",
     }
     data.update(changes)

@@ -71,6 +71,7 @@ class Consumer:
         vt: float | None = None,
         using: str | None = None,
         max_messages: int | None = None,
+        poll_interval: float | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
@@ -80,6 +81,8 @@ class Consumer:
         self.using = using or conf.get().DATABASE
         self.max_messages = max_messages
         self.heartbeat = conf.get().DISPATCH_HEARTBEAT_INTERVAL
+        #: The longest sleep without a notification (a safety net: publishers notify).
+        self.poll_interval = poll_interval or conf.get().DISPATCH_POLL_INTERVAL
         self.stopping = False
         self.deleted = 0
         self.failed = 0
@@ -173,7 +176,7 @@ class Consumer:
                 break
             try:
                 self.handler(group if self.batch else group[0])
-            except Exception as exc:  # a handler's crash fails its messages, not the loop
+            except (Exception, SystemExit) as exc:  # fails its messages, never the loop
                 log.warning(
                     "handler failed on %s of %s: %s",
                     ", ".join(str(m.id) for m in group),
@@ -195,7 +198,7 @@ class Consumer:
     def _wait(self, conn: psycopg.Connection[Any]) -> None:
         """Nothing to read: mark this consumer waiting and read once more; with the mark
         visible to every publisher, sleep until a notification, the next visible message
-        or the next heartbeat."""
+        or the poll interval (heartbeats go on meanwhile; they do not end the wait)."""
         if not self._settled and self.registration is not None:
             self._waiting = True
             self._settled = _run(conn, dispatchers.idle_call(self.registration))
@@ -205,10 +208,7 @@ class Consumer:
                 time.sleep(random.uniform(0.002, 0.05))  # noqa: S311 (jitter)
             return
         due = _run(conn, next_visible_call(self.queue))
-        timeout = self._next_beat - time.monotonic()
-        if due is not None:
-            timeout = min(timeout, due)
-        self._sleep(conn, max(timeout, 0.0))
+        self._sleep(conn, self.poll_interval if due is None else min(due, self.poll_interval))
 
     def _sleep(self, conn: psycopg.Connection[Any], timeout: float) -> None:
         # In short slices, so that a stop request is seen within a fraction of a second.
@@ -221,3 +221,4 @@ class Consumer:
                 return
             for _ in conn.notifies(timeout=min(left, 0.25), stop_after=1):
                 return
+            self._beat(conn)

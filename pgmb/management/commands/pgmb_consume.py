@@ -12,6 +12,7 @@ import psycopg
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
+from pgmb import conf
 from pgmb.consume import PREFETCH, Consumer
 from pgmb.management.commands.pgmb_dispatch import _positive
 
@@ -48,6 +49,13 @@ class Command(BaseCommand):
             help="Visibility timeout of each read (default: the queue's lease).",
         )
         parser.add_argument(
+            "--poll-interval",
+            type=_positive(float),
+            default=conf.get().DISPATCH_POLL_INTERVAL,
+            metavar="SECONDS",
+            help="Longest wait between reads when no notification arrives (default %(default)s).",
+        )
+        parser.add_argument(
             "--max-messages",
             type=_positive(int),
             default=None,
@@ -64,6 +72,7 @@ class Command(BaseCommand):
             batch=opts["batch"],
             vt=opts["vt"],
             max_messages=opts["max_messages"],
+            poll_interval=opts["poll_interval"],
         )
         try:
             consumer.connect()

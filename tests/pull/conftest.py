@@ -20,3 +20,7 @@ def make_pull_queue(db) -> Callable[..., Queue]:
         )
 
     return make
+
+
+# The admin's tests of pull queues count queries like the admin's own.
+from tests.admin.conftest import count_queries  # noqa: E402, F401

@@ -447,15 +447,10 @@ END $$;
 --
 
 CREATE FUNCTION pgmb.archive(queue_name text, delivery_ids bigint[]) RETURNS SETOF bigint
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-DECLARE
-    q record;
-BEGIN
-    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
-    RETURN QUERY SELECT pgmb.settle_reads(q.id, delivery_ids, 'archived');
-END $$;
+    SELECT pgmb.settle_reads(queue_name, delivery_ids, 'archived')
+$$;
 
 --
 -- Name: archive(text, bigint); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -487,35 +482,6 @@ CREATE FUNCTION pgmb.binding_literals(binding_key text) RETURNS text[]
     SELECT coalesce(array_agg(word), '{}')
     FROM unnest(string_to_array(binding_key, '.')) AS word
     WHERE word NOT IN ('*', '#')
-$$;
-
---
--- Name: bury_reads(bigint[], integer); Type: FUNCTION; Schema: pgmb; Owner: -
---
-
-CREATE FUNCTION pgmb.bury_reads(delivery_ids bigint[], max_retries integer) RETURNS integer
-    LANGUAGE sql
-    AS $$
-    WITH dead AS (
-        DELETE FROM pgmb_delivery d WHERE d.id = ANY (delivery_ids)
-        RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
-                  format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                         d.attempts, max_retries) AS error
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT dead.message_id, dead.queue_id, dead.attempts, dead.last_status, dead.error, clock_timestamp()
-        FROM dead
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT dead.message_id, dead.queue_id, dead.attempts, 'dead', NULL, NULL, dead.error, clock_timestamp()
-        FROM dead
-        RETURNING 1
-    )
-    SELECT count(*)::integer FROM history
 $$;
 
 --
@@ -921,15 +887,10 @@ $$;
 --
 
 CREATE FUNCTION pgmb.delete(queue_name text, delivery_ids bigint[]) RETURNS SETOF bigint
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-DECLARE
-    q record;
-BEGIN
-    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
-    RETURN QUERY SELECT pgmb.settle_reads(q.id, delivery_ids, 'ack');
-END $$;
+    SELECT pgmb.settle_reads(queue_name, delivery_ids, 'ack')
+$$;
 
 --
 -- Name: delete(text, bigint); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -1503,8 +1464,7 @@ BEGIN
     IF got IS NULL THEN
         RETURN;
     END IF;
-    PERFORM pgmb.settle_reads((pgmb.pull_queue(queue_name)).id,
-                              ARRAY(SELECT g.delivery_id FROM unnest(got) AS g), 'ack');
+    PERFORM pgmb.settle_reads(queue_name, ARRAY(SELECT g.delivery_id FROM unnest(got) AS g), 'ack');
     RETURN QUERY SELECT * FROM unnest(got);
 END $$;
 
@@ -1780,10 +1740,9 @@ DECLARE
     body_filter jsonb := filter -> 'body';
     headers_filter jsonb := filter -> 'headers';
     remaining integer := qty;
-    picked bigint[];
-    exhausted bigint[];
+    got pgmb.pull_message[];
+    buried integer;
     seen bigint[] := '{}';
-    got integer;
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
     PERFORM pgmb.check_pull_args(vt, qty, filter);
@@ -1791,44 +1750,59 @@ BEGIN
         RETURN;
     END IF;
     LOOP
-        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's.
-        SELECT array_agg(s.id ORDER BY s.n) FILTER (WHERE NOT s.exhausted),
-               array_agg(s.id) FILTER (WHERE s.exhausted)
-        INTO picked, exhausted
-        FROM (SELECT d.id, row_number() OVER () AS n, d.attempts >= 1 + q.max_retries AS exhausted
-              FROM (SELECT d.id, d.attempts FROM pgmb_delivery d
-                    WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
-                      AND d.id <> ALL (seen)
-                      AND (filter IS NULL
-                           OR EXISTS (SELECT 1 FROM pgmb_message m
-                                      WHERE m.id = d.message_id
-                                        AND (body_filter IS NULL OR m.body @> body_filter)
-                                        AND (headers_filter IS NULL OR m.headers @> headers_filter)))
-                    ORDER BY d.available_at, d.id
-                    LIMIT remaining
-                    FOR UPDATE SKIP LOCKED) AS d) AS s;
-        IF exhausted IS NOT NULL THEN
-            PERFORM pgmb.bury_reads(exhausted, q.max_retries);
-        END IF;
-        IF picked IS NOT NULL THEN
-            RETURN QUERY
-            WITH r AS (
-                UPDATE pgmb_delivery d
-                SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
-                FROM unnest(picked) WITH ORDINALITY AS u(id, n)
-                WHERE d.id = u.id
-                RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, u.n
-            )
-            SELECT r.id, r.message_id, r.attempts, r.created_at, r.available_at, m.body, m.headers,
-                   m.routing_key::text
-            FROM r JOIN pgmb_message m ON m.id = r.message_id
-            ORDER BY r.n;
-            GET DIAGNOSTICS got = ROW_COUNT;
-            remaining := remaining - got;
-            seen := seen || picked;
+        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
+        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
+        -- statement, as pgmb.settle_failures does with push failures.
+        WITH picked AS (
+            SELECT d.id, d.available_at AS was, d.attempts >= 1 + q.max_retries AS exhausted
+            FROM pgmb_delivery d
+            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
+              AND d.id <> ALL (seen)
+              AND (filter IS NULL
+                   OR EXISTS (SELECT 1 FROM pgmb_message m
+                              WHERE m.id = d.message_id
+                                AND (body_filter IS NULL OR m.body @> body_filter)
+                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
+            ORDER BY d.available_at, d.id
+            LIMIT remaining
+            FOR UPDATE SKIP LOCKED
+        ), dead AS (
+            DELETE FROM pgmb_delivery d USING picked p WHERE d.id = p.id AND p.exhausted
+            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
+                             d.attempts, q.max_retries) AS error
+        ), dead_letters AS (
+            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
+            FROM dead x
+            ON CONFLICT (message_id, queue_id) DO UPDATE
+            SET attempts = excluded.attempts, last_status = excluded.last_status,
+                last_error = excluded.last_error, created_at = excluded.created_at
+        ), history AS (
+            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
+            FROM dead x
+            RETURNING 1
+        ), r AS (
+            UPDATE pgmb_delivery d
+            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
+            FROM picked p
+            WHERE d.id = p.id AND NOT p.exhausted
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, p.was
+        )
+        SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
+                             m.body, m.headers, m.routing_key)::pgmb.pull_message
+                         ORDER BY r.was, r.id),
+               (SELECT count(*) FROM history)
+        INTO got, buried
+        FROM r JOIN pgmb_message m ON m.id = r.message_id;
+        IF got IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM unnest(got);
+            remaining := remaining - cardinality(got);
         END IF;
         -- Only dead-lettered rows make room for more in the same read.
-        EXIT WHEN exhausted IS NULL OR remaining <= 0;
+        EXIT WHEN buried = 0 OR remaining <= 0;
+        seen := seen || ARRAY(SELECT g.delivery_id FROM unnest(got) AS g);
     END LOOP;
 END $$;
 
@@ -2357,23 +2331,32 @@ BEGIN
 END $$;
 
 --
--- Name: settle_reads(uuid, bigint[], text); Type: FUNCTION; Schema: pgmb; Owner: -
+-- Name: settle_reads(text, bigint[], text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
-CREATE FUNCTION pgmb.settle_reads(queue_id uuid, delivery_ids bigint[], outcome text) RETURNS SETOF bigint
-    LANGUAGE sql
+CREATE FUNCTION pgmb.settle_reads(queue_name text, delivery_ids bigint[], outcome text) RETURNS SETOF bigint
+    LANGUAGE plpgsql
     AS $$
-    WITH done AS (
+DECLARE
+    q record;
+    done bigint[];
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    WITH gone AS (
         DELETE FROM pgmb_delivery d
-        WHERE d.id = ANY (delivery_ids) AND d.queue_id = settle_reads.queue_id
+        WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
         RETURNING d.id, d.message_id, d.queue_id, d.attempts
     ), history AS (
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT done.message_id, done.queue_id, done.attempts, settle_reads.outcome, NULL, NULL, '', clock_timestamp()
-        FROM done
+        SELECT g.message_id, g.queue_id, g.attempts, settle_reads.outcome, NULL, NULL, '', clock_timestamp()
+        FROM gone g
     )
-    SELECT done.id FROM done
-$$;
+    SELECT array_agg(g.id) INTO done FROM gone g;
+    IF delivery_ids IS NULL OR coalesce(cardinality(done), 0) < cardinality(delivery_ids) THEN
+        PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
+    END IF;
+    RETURN QUERY SELECT unnest(done);
+END $$;
 
 --
 -- Name: start(bigint[], uuid[]); Type: FUNCTION; Schema: pgmb; Owner: -

@@ -4,9 +4,11 @@ pgmb.pull: same results, same rows written."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 import pgmb
 from pgmb.models import Attempt, DeadLetter, Delivery
@@ -182,3 +184,14 @@ def test_read_with_poll_returns_what_is_published_while_it_waits(api, make_pull_
     got = api.read_with_poll(queue.name, 30, 1, 60)
     thread.join()
     assert [(b, ct) for _, b, ct in got] == [({"late": True}, 1)]
+
+
+def test_a_dead_lettered_head_makes_room_for_the_next(api, make_pull_queue):
+    queue = make_pull_queue(max_retries=0)
+    pgmb.send("k", {"n": 0})
+    [(first, _, _)] = api.read(queue.name, 0, 1)
+    pgmb.send("k", {"n": 1})
+    # The first is due before the second, and its next read would be its second.
+    Delivery.objects.filter(pk=first).update(available_at=timezone.now() - timedelta(hours=1))
+    assert [(b, ct) for _, b, ct in api.read(queue.name, 30, 1)] == [({"n": 1}, 1)]
+    assert list(DeadLetter.objects.filter(queue=queue).values_list("attempts", flat=True)) == [1]

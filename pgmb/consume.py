@@ -41,9 +41,10 @@ from .pull import (
 
 log = logging.getLogger("pgmb.consume")
 
-CONSUMER = "consumer"
 #: Messages read at once when the handler takes them one by one.
 PREFETCH = 10
+#: The shortest sleep of an idle consumer, in seconds.
+MIN_SLEEP = 0.01
 
 
 def _run(conn: psycopg.Connection[Any], call: Call[Any]) -> Any:
@@ -100,16 +101,22 @@ class Consumer:
 
     def connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(**conninfo_from_django(self.using), autocommit=True)
-        conn.execute(sql.query("dispatcher.sql", "listen"))
-        # Checks the queue (unknown, or not a pull queue: an error) and gives the default
-        # visibility timeout, the queue's lease.
-        lease = _run(conn, queue_lease_call(self.queue))
-        if self.vt is None:
-            self.vt = float(lease)
-        self.registration = _run(
-            conn,
-            dispatchers.start_call(CONSUMER, socket.gethostname(), os.getpid(), [self.queue]),
-        )
+        try:
+            conn.execute(sql.query("dispatcher.sql", "listen"))
+            # Checks the queue (unknown, or not a pull queue: an error) and gives the
+            # default visibility timeout, the queue's lease.
+            lease = _run(conn, queue_lease_call(self.queue))
+            if self.vt is None:
+                self.vt = float(lease)
+            self.registration = _run(
+                conn,
+                dispatchers.start_call(
+                    dispatchers.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
+                ),
+            )
+        except BaseException:
+            conn.close()
+            raise
         self._waiting = self._settled = False
         self._next_beat = time.monotonic() + self.heartbeat
         self._conn = conn
@@ -208,7 +215,12 @@ class Consumer:
                 time.sleep(random.uniform(0.002, 0.05))  # noqa: S311 (jitter)
             return
         due = _run(conn, next_visible_call(self.queue))
-        self._sleep(conn, self.poll_interval if due is None else min(due, self.poll_interval))
+        # A visible message the read did not get is another reader's, being read right
+        # now: a short pause, not a busy loop.
+        self._sleep(
+            conn,
+            self.poll_interval if due is None else min(max(due, MIN_SLEEP), self.poll_interval),
+        )
 
     def _sleep(self, conn: psycopg.Connection[Any], timeout: float) -> None:
         # In short slices, so that a stop request is seen within a fraction of a second.

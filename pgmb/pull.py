@@ -261,5 +261,6 @@ def purge(queue: str, *, using: str | None = None) -> int:
 
 
 def next_visible(queue: str, *, using: str | None = None) -> float | None:
-    """Seconds until a message of ``queue`` is visible (0: now); None when it is empty."""
+    """Seconds until a message of ``queue`` is visible (0: now); None when it is empty or
+    paused."""
     return run(next_visible_call(queue), using)

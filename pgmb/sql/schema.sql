@@ -1650,7 +1650,12 @@ DECLARE
     q record;
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    RETURN (SELECT greatest(0, extract(epoch FROM min(d.available_at) - clock_timestamp()))::float8
+    IF q.paused THEN
+        RETURN NULL;
+    END IF;
+    -- greatest() skips NULLs: an empty queue's min() must stay NULL.
+    RETURN (SELECT CASE WHEN min(d.available_at) IS NOT NULL
+                        THEN greatest(0, extract(epoch FROM min(d.available_at) - clock_timestamp()))::float8 END
             FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready');
 END $$;
 

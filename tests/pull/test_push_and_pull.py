@@ -90,3 +90,14 @@ def test_a_waiting_consumer_is_woken_by_publishers(make_pull_queue):
         # A notification committed before this statement arrives with its answer.
         conn.execute("SELECT 1")
         assert list(conn.notifies(timeout=0)) == []
+
+
+def test_next_visible_says_when_a_consumer_should_read_again(make_pull_queue):
+    queue = make_pull_queue()
+    assert pull.next_visible(queue.name) is None  # empty
+    pgmb.send("k", 1)
+    assert pull.next_visible(queue.name) == 0
+    pull.read(queue.name, 3600, 1)
+    assert 3000 < pull.next_visible(queue.name) <= 3600
+    Queue.objects.filter(pk=queue.pk).update(paused=True)
+    assert pull.next_visible(queue.name) is None  # nothing is read until it is resumed

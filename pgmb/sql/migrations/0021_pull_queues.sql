@@ -447,13 +447,19 @@ BEGIN
     RETURN n;
 END $$;
 
--- Seconds until a message of the pull queue becomes visible (0: one is now); NULL: empty.
+-- Seconds until a message of the pull queue becomes visible (0: one is now); NULL: empty,
+-- or paused (nothing is read until it is resumed).
 CREATE FUNCTION pgmb.pull_next_visible(queue_name text)
 RETURNS double precision LANGUAGE plpgsql STABLE AS $$
 DECLARE
     q record;
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    RETURN (SELECT greatest(0, extract(epoch FROM min(d.available_at) - clock_timestamp()))::float8
+    IF q.paused THEN
+        RETURN NULL;
+    END IF;
+    -- greatest() skips NULLs: an empty queue's min() must stay NULL.
+    RETURN (SELECT CASE WHEN min(d.available_at) IS NOT NULL
+                        THEN greatest(0, extract(epoch FROM min(d.available_at) - clock_timestamp()))::float8 END
             FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready');
 END $$;

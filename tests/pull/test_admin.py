@@ -3,6 +3,8 @@ others, at the same number of queries."""
 
 from __future__ import annotations
 
+from django.urls import reverse
+
 import pgmb
 from pgmb import pull
 from pgmb.models import Queue
@@ -39,3 +41,19 @@ def test_changelist_shows_pull_and_push_queues_in_as_many_queries(
     assert {cells(row)["name"] for row in table_rows(running)} == set(rows)
     change = admin_client.get(url("queue_change", Queue.objects.get(name="pull_0").pk))
     assert change.status_code == 200
+
+
+def test_dashboard_and_dispatchers_show_pull_queues_and_consumers(
+    admin_client, make_pull_queue, sql
+):
+    queue = make_pull_queue()
+    pgmb.send("k", {"n": 1})
+    [message] = pull.read(queue.name, 30, 1)
+    pull.delete(queue.name, [message])
+    sql("SELECT pgmb.dispatcher_start('consumer', 'host-a', 4242, %s)", [[queue.name]])
+    dashboard = admin_client.get(reverse("admin:pgmb_dashboard"))
+    assert dashboard.status_code == 200
+    assert queue.name in dashboard.content.decode()
+    listed = admin_client.get(url("dispatcherprocess_changelist"))
+    assert "pull consumer (pgmb_consume)" in listed.content.decode()
+    assert "host-a" in listed.content.decode()

@@ -37,7 +37,7 @@ demo: deps venv
 	@scripts/demo.sh
 
 bench: deps venv
-	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py'
+	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
 
 schema: deps venv
 	@scripts/with-cluster.sh scripts/schema.sh

@@ -25,6 +25,9 @@ GONE_AFTER = 60.0
 
 EXTERNAL = "external"
 IN_DATABASE = "in_database"
+#: A pull queue's consumer (manage.py pgmb_consume, pgmb.consume): woken like an
+#: external dispatcher, it dispatches nothing.
+CONSUMER = "consumer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,7 @@ def list_call(at: datetime.datetime | None = None) -> Call[list[DispatcherInfo]]
 def start(
     kind: str, host: str, pid: int, queues: Iterable[str] | None = None, *, using: str | None = None
 ) -> int:
-    """Register a dispatcher (``external`` or ``in_database``); returns its id."""
+    """Register a dispatcher (``external``, ``in_database`` or ``consumer``); returns its id."""
     return run(start_call(kind, host, pid, queues), using)
 
 

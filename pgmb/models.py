@@ -315,7 +315,8 @@ class Worker(models.Model):
 
 
 class Queue(models.Model):
-    """A queue bound to a topic pattern; its messages go to one worker."""
+    """A queue bound to a topic pattern; its messages go to one worker, or, without a
+    worker, wait for clients to read them (a pull queue, :mod:`pgmb.pull`)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=48, unique=True, validators=[validate_queue_name])
@@ -325,7 +326,15 @@ class Queue(models.Model):
         help_text=_("Topic pattern: words separated by dots; * is one word, # is any number."),
     )
     pattern = models.TextField(editable=False, help_text=_("Compiled from the binding key."))
-    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="queues")
+    #: None: a pull queue, read by clients (pgmb.read, ``manage.py pgmb_consume``).
+    worker = models.ForeignKey(
+        Worker,
+        on_delete=models.PROTECT,
+        related_name="queues",
+        null=True,
+        blank=True,
+        help_text=_("Leave empty for a pull queue, read by clients instead of posted to a worker."),
+    )
     max_retries = models.PositiveIntegerField(
         default=DEFAULT_MAX_RETRIES, db_default=DEFAULT_MAX_RETRIES
     )
@@ -576,6 +585,8 @@ class Attempt(models.Model):
         EXPIRED = "expired", _("lease expired")
         #: A lease that expired before its request started: no request, no attempt spent.
         UNSENT = "unsent", _("lease expired unsent")
+        #: A pull queue's message settled by pgmb.archive: consumed, not acknowledged.
+        ARCHIVED = "archived", _("archived")
 
     id = models.BigAutoField(primary_key=True)
     message = models.ForeignKey(
@@ -634,6 +645,7 @@ class DispatcherProcess(models.Model):
     class Kind(models.TextChoices):
         EXTERNAL = "external", _("external (pgmb_dispatch)")
         IN_DATABASE = "in_database", _("in the database (dispatch_loop)")
+        CONSUMER = "consumer", _("pull consumer (pgmb_consume)")
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=12, choices=Kind.choices)
@@ -662,7 +674,9 @@ class DispatcherProcess(models.Model):
         ordering = ["-started_at"]
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(kind="external") | models.Q(kind="in_database"),
+                condition=models.Q(kind="external")
+                | models.Q(kind="in_database")
+                | models.Q(kind="consumer"),
                 name="pgmb_dispatcher_kind",
             )
         ]

@@ -179,9 +179,9 @@ class StatusClassFilter(admin.SimpleListFilter):
 class AttemptStatusFilter(StatusClassFilter):
     """An attempt's status; 3xx, 4xx, 5xx and no response list failed attempts only (an
     acknowledgement through SQL may carry no status: it is not a failure, and neither is an
-    'unsent' lease, which asked no worker anything)."""
+    'unsent' lease, which asked no worker anything, or a pull queue's 'archived' message)."""
 
-    failures = ~Q(outcome__in=["ack", "unsent"])
+    failures = ~Q(outcome__in=["ack", "unsent", "archived"])
 
 
 class DeadLetterStatusFilter(StatusClassFilter):

@@ -59,13 +59,14 @@ def badge(state: str, title: StrOrPromise = "") -> SafeString:
 
 
 def queue_state(queue: Queue) -> str:
-    """running, paused, or worker paused (the queue runs but its worker is inactive).
+    """running, paused, or worker paused (the queue runs but its worker is inactive); a
+    pull queue (no worker) runs unless paused.
 
     ``queue.worker`` must be loaded with the queue (the changelist selects it related).
     """
     if queue.paused:
         return "paused"
-    return "running" if queue.worker.active else "worker paused"
+    return "running" if queue.worker is None or queue.worker.active else "worker paused"
 
 
 def worker_state(worker: Worker) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -62,7 +62,7 @@ class QueueStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
         if self.value() == "running":
-            return queryset.filter(paused=False, worker__active=True)
+            return queryset.filter(Q(worker__active=True) | Q(worker=None), paused=False)
         if self.value() == "paused":
             return queryset.filter(paused=True)
         if self.value() == "worker_paused":
@@ -349,7 +349,7 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
             "running": "",
             "paused": _("Its deliveries wait until the queue is resumed."),
             "worker paused": _("Its worker %(worker)s is paused: its deliveries wait.")
-            % {"worker": obj.worker.name},
+            % {"worker": obj.worker.name if obj.worker else ""},
         }
         return pausing.badge(state, titles[state])
 

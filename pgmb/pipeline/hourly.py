@@ -55,8 +55,9 @@ def figures(base: DataFrame) -> DataFrame:
 
     ack = F.col("outcome") == "ack"
     # An 'unsent' row is a lease that ran out before its request started: no worker was
-    # asked anything, so it is not an attempt of the hour.
-    base = base.where(F.col("outcome") != "unsent")
+    # asked anything, so it is not an attempt of the hour; an 'archived' one is a pull
+    # queue's message settled without an ack, neither delivered nor failed.
+    base = base.where(~F.col("outcome").isin("unsent", "archived"))
     # Each attempt counts for its queue, for its worker's total and for the hour's total.
     level = F.explode(
         F.array(

@@ -84,7 +84,7 @@ CREATE TABLE public.pgmb_queue (
     lease_seconds double precision DEFAULT 60.0 NOT NULL,
     paused boolean DEFAULT false NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    worker_id uuid NOT NULL,
+    worker_id uuid,
     literal_words text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT pgmb_queue_backoff_valid CHECK (((backoff_base >= (0)::double precision) AND (backoff_max >= backoff_base))),
     CONSTRAINT pgmb_queue_lease_positive CHECK ((lease_seconds > (0)::double precision)),
@@ -138,7 +138,7 @@ CREATE TABLE public.pgmb_dispatcher (
     delivered bigint DEFAULT 0 NOT NULL,
     failed bigint DEFAULT 0 NOT NULL,
     waiting boolean,
-    CONSTRAINT pgmb_dispatcher_kind CHECK ((((kind)::text = 'external'::text) OR ((kind)::text = 'in_database'::text)))
+    CONSTRAINT pgmb_dispatcher_kind CHECK ((((kind)::text = 'external'::text) OR ((kind)::text = 'in_database'::text) OR ((kind)::text = 'consumer'::text)))
 );
 
 --
@@ -385,6 +385,21 @@ CREATE TYPE pgmb.http_outcome AS (
 );
 
 --
+-- Name: pull_message; Type: TYPE; Schema: pgmb; Owner: -
+--
+
+CREATE TYPE pgmb.pull_message AS (
+	delivery_id bigint,
+	message_id uuid,
+	read_ct integer,
+	enqueued_at timestamp with time zone,
+	vt timestamp with time zone,
+	body jsonb,
+	headers jsonb,
+	routing_key text
+);
+
+--
 -- Name: queue_metrics; Type: TYPE; Schema: pgmb; Owner: -
 --
 
@@ -448,6 +463,28 @@ BEGIN
     SELECT count(*)::integer INTO acked FROM history;
     RETURN acked;
 END $$;
+
+--
+-- Name: archive(text, bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.archive(queue_name text, delivery_ids bigint[]) RETURNS SETOF bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT pgmb.settle_reads(queue_name, delivery_ids, 'archived')
+$$;
+
+--
+-- Name: archive(text, bigint); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.archive(queue_name text, delivery_id bigint) RETURNS boolean
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT EXISTS (SELECT FROM pgmb.archive(queue_name, ARRAY[delivery_id]))
+$$;
 
 --
 -- Name: archive_lock_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -874,6 +911,69 @@ BEGIN
 END $_$;
 
 --
+-- Name: check_pull_args(double precision, integer, jsonb); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.check_pull_args(vt double precision, qty integer, filter jsonb) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    extra text;
+BEGIN
+    -- NaN compares above every number, so the upper bound also refuses it.
+    IF vt IS NULL OR vt < 0 OR vt > 2592000 THEN
+        RAISE EXCEPTION 'invalid visibility timeout %: it must be from 0 to 2592000 seconds (30 days)', coalesce(vt::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF qty IS NULL OR qty < 1 OR qty > 10000 THEN
+        RAISE EXCEPTION 'invalid qty %: it must be from 1 to 10000 messages', coalesce(qty::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF filter IS NULL THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(filter) <> 'object' THEN
+        RAISE EXCEPTION 'invalid filter: it must be a JSON object, not %', jsonb_typeof(filter)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use {"body": ..., "headers": {...}}: a message matches when its body contains "body" and its headers contain "headers" (jsonb @>).';
+    END IF;
+    SELECT string_agg(quote_literal(k), ', ') INTO extra
+    FROM jsonb_object_keys(filter) AS k WHERE k NOT IN ('body', 'headers');
+    IF extra IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid filter: unknown key %', extra
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A filter has "body" and/or "headers": {"body": {"kind": "order"}} matches bodies containing {"kind": "order"}.';
+    END IF;
+    IF filter ? 'headers' AND jsonb_typeof(filter -> 'headers') <> 'object' THEN
+        RAISE EXCEPTION 'invalid filter: "headers" must be a JSON object, not %', jsonb_typeof(filter -> 'headers')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+--
+-- Name: check_pull_ids(text, uuid, bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.check_pull_ids(queue_name text, queue_id uuid, delivery_ids bigint[]) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    foreign_ids text;
+BEGIN
+    IF delivery_ids IS NULL OR array_position(delivery_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid message ids: NULL is not a message id'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT string_agg(d.id::text, ', ' ORDER BY d.id) INTO foreign_ids
+    FROM pgmb_delivery d WHERE d.id = ANY (delivery_ids) AND d.queue_id <> check_pull_ids.queue_id;
+    IF foreign_ids IS NOT NULL THEN
+        RAISE EXCEPTION 'messages % are not in queue %', foreign_ids, quote_literal(queue_name)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A message id is the delivery id a read of this queue returned.';
+    END IF;
+END $$;
+
+--
 -- Name: check_routing_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1006,10 +1106,10 @@ DECLARE
 BEGIN
     PERFORM pgmb.check_name('queue', $1);
     PERFORM pgmb.compile_binding($2);
-    IF worker_id IS NULL OR NOT EXISTS (SELECT 1 FROM pgmb_worker w WHERE w.id = worker_id) THEN
-        RAISE EXCEPTION 'unknown worker id %', coalesce(worker_id::text, 'NULL')
+    IF worker_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pgmb_worker w WHERE w.id = worker_id) THEN
+        RAISE EXCEPTION 'unknown worker id %', worker_id
             USING ERRCODE = 'foreign_key_violation',
-                  HINT = 'Register the worker first: SELECT pgmb.worker(name, endpoint, rps);';
+                  HINT = 'Register the worker first: SELECT pgmb.worker(name, endpoint, rps); or pass NULL for a pull queue.';
     END IF;
     INSERT INTO pgmb_queue (name, binding_key, pattern, worker_id, max_retries)
     VALUES ($1, $2, '', $4, $3)  -- "create" is a keyword, so no create.name
@@ -1117,6 +1217,28 @@ CREATE FUNCTION pgmb.cron_version() RETURNS integer[]
     AS $$
     SELECT string_to_array(substring(extversion FROM '^[0-9.]+'), '.')::integer[]
     FROM pg_extension WHERE extname = 'pg_cron'
+$$;
+
+--
+-- Name: delete(text, bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.delete(queue_name text, delivery_ids bigint[]) RETURNS SETOF bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT pgmb.settle_reads(queue_name, delivery_ids, 'ack')
+$$;
+
+--
+-- Name: delete(text, bigint); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.delete(queue_name text, delivery_id bigint) RETURNS boolean
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT EXISTS (SELECT FROM pgmb.delete(queue_name, ARRAY[delivery_id]))
 $$;
 
 --
@@ -1673,11 +1795,72 @@ CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     LEFT JOIN (
         SELECT a.queue_id,
                count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
-               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent')) AS failed
+               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent', 'archived')) AS failed
         FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
     ) h ON h.queue_id = q.id
     ORDER BY q.name
 $$;
+
+--
+-- Name: nack(text, bigint[], integer[], text[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.nack(queue_name text, delivery_ids bigint[], read_counts integer[], errors text[] DEFAULT NULL::text[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    q record;
+    settled integer;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
+    IF cardinality(delivery_ids) IS DISTINCT FROM cardinality(read_counts)
+       OR (errors IS NOT NULL AND cardinality(errors) <> cardinality(delivery_ids)) THEN
+        RAISE EXCEPTION 'pgmb.nack needs one read count (and one error, if any) per message id (% ids, % read counts, % errors)',
+                        cardinality(delivery_ids), coalesce(cardinality(read_counts), 0), coalesce(cardinality(errors), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH input AS (
+        SELECT u.id, u.read_ct, left(coalesce(u.error, ''), 2000) AS error
+        FROM unnest(delivery_ids, read_counts, coalesce(errors, array_fill(NULL::text, ARRAY[cardinality(delivery_ids)])))
+            AS u(id, read_ct, error)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.error, d.attempts >= 1 + qu.max_retries AS exhausted,
+               qu.backoff_base, qu.backoff_max
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.attempts = u.read_ct AND d.state = 'ready'
+        JOIN pgmb_queue qu ON qu.id = d.queue_id AND qu.id = q.id
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t WHERE d.id = t.id AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, NULL, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET last_status = NULL, last_error = t.error,
+            available_at = clock_timestamp()
+                + pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max) * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE 'retry' END,
+               NULL, NULL, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
 
 --
 -- Name: next_wakeup(text[]); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -1704,6 +1887,25 @@ BEGIN
         SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
         WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
     ) AS candidates);
+END $$;
+
+--
+-- Name: pop(text, integer); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.pop(queue_name text, qty integer DEFAULT 1) RETURNS SETOF pgmb.pull_message
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    got pgmb.pull_message[];
+BEGIN
+    SELECT array_agg(r) INTO got FROM pgmb.read(queue_name, 0, qty) AS r;
+    IF got IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pgmb.settle_reads(queue_name, ARRAY(SELECT g.delivery_id FROM unnest(got) AS g), 'ack');
+    RETURN QUERY SELECT * FROM unnest(got);
 END $$;
 
 --
@@ -1879,6 +2081,75 @@ BEGIN
 END $_$;
 
 --
+-- Name: pull_next_visible(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.pull_next_visible(queue_name text) RETURNS double precision
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    q record;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    IF q.paused THEN
+        RETURN NULL;
+    END IF;
+    -- greatest() skips NULLs: an empty queue's min() must stay NULL.
+    RETURN (SELECT CASE WHEN min(d.available_at) IS NOT NULL
+                        THEN greatest(0, extract(epoch FROM min(d.available_at) - clock_timestamp()))::float8 END
+            FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready');
+END $$;
+
+--
+-- Name: pull_queue(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.pull_queue(queue_name text, OUT id uuid, OUT max_retries integer, OUT paused boolean) RETURNS record
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    worker text;
+BEGIN
+    SELECT q.id, q.max_retries, q.paused, w.name INTO id, max_retries, paused, worker
+    FROM pgmb_queue q LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+    WHERE q.name = queue_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name)
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'SELECT name FROM pgmb.queues WHERE worker_id IS NULL lists the pull queues.';
+    END IF;
+    IF worker IS NOT NULL THEN
+        RAISE EXCEPTION 'queue % is not a pull queue: worker % receives its messages', quote_literal(queue_name), quote_literal(worker)
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Clients read only from queues without a worker: pgmb.create(name, binding_key, max_retries, NULL).';
+    END IF;
+    -- Every entry point comes here first: a role may consume only the queues granted to it
+    -- (access control, 0021), and is refused before anything is read or written.
+    IF NOT pgmb.may('consume', id) THEN
+        PERFORM pgmb.require('consume', queue_name);
+    END IF;
+END $$;
+
+--
+-- Name: purge(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.purge(queue_name text) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    q record;
+    n bigint;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    DELETE FROM pgmb_delivery d WHERE d.queue_id = q.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+--
 -- Name: purge_dead_letters(bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1907,6 +2178,114 @@ BEGIN
     WHERE q.id = x.queue_id AND q.name = queue_name;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
+END $$;
+
+--
+-- Name: read(text, double precision, integer, jsonb); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    q record;
+    t timestamptz := clock_timestamp();
+    body_filter jsonb := filter -> 'body';
+    headers_filter jsonb := filter -> 'headers';
+    remaining integer := qty;
+    got pgmb.pull_message[];
+    buried integer;
+    seen bigint[] := '{}';
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_args(vt, qty, filter);
+    IF q.paused THEN
+        RETURN;
+    END IF;
+    LOOP
+        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
+        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
+        -- statement, as pgmb.settle_failures does with push failures.
+        WITH picked AS (
+            SELECT d.id, d.available_at AS was, d.attempts >= 1 + q.max_retries AS exhausted
+            FROM pgmb_delivery d
+            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
+              AND d.id <> ALL (seen)
+              AND (filter IS NULL
+                   OR EXISTS (SELECT 1 FROM pgmb_message m
+                              WHERE m.id = d.message_id
+                                AND (body_filter IS NULL OR m.body @> body_filter)
+                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
+            ORDER BY d.available_at, d.id
+            LIMIT remaining
+            FOR UPDATE SKIP LOCKED
+        ), dead AS (
+            DELETE FROM pgmb_delivery d USING picked p WHERE d.id = p.id AND p.exhausted
+            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
+                             d.attempts, q.max_retries) AS error
+        ), dead_letters AS (
+            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
+            FROM dead x
+            ON CONFLICT (message_id, queue_id) DO UPDATE
+            SET attempts = excluded.attempts, last_status = excluded.last_status,
+                last_error = excluded.last_error, created_at = excluded.created_at
+        ), history AS (
+            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
+            FROM dead x
+            RETURNING 1
+        ), r AS (
+            UPDATE pgmb_delivery d
+            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
+            FROM picked p
+            WHERE d.id = p.id AND NOT p.exhausted
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, p.was
+        )
+        SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
+                             m.body, m.headers, m.routing_key)::pgmb.pull_message
+                         ORDER BY r.was, r.id),
+               (SELECT count(*) FROM history)
+        INTO got, buried
+        FROM r JOIN pgmb_message m ON m.id = r.message_id;
+        IF got IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM unnest(got);
+            remaining := remaining - cardinality(got);
+        END IF;
+        -- Only dead-lettered rows make room for more in the same read.
+        EXIT WHEN buried = 0 OR remaining <= 0;
+        seen := seen || ARRAY(SELECT g.delivery_id FROM unnest(got) AS g);
+    END LOOP;
+END $$;
+
+--
+-- Name: read_with_poll(text, double precision, integer, double precision, integer, jsonb); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.read_with_poll(queue_name text, vt double precision, qty integer, max_poll_seconds double precision DEFAULT 5, poll_interval_ms integer DEFAULT 100, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    deadline timestamptz;
+BEGIN
+    IF max_poll_seconds IS NULL OR max_poll_seconds < 0 OR max_poll_seconds > 3600 THEN
+        RAISE EXCEPTION 'invalid max_poll_seconds %: it must be from 0 to 3600', coalesce(max_poll_seconds::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF poll_interval_ms IS NULL OR poll_interval_ms < 1 OR poll_interval_ms > 60000 THEN
+        RAISE EXCEPTION 'invalid poll_interval_ms %: it must be from 1 to 60000', coalesce(poll_interval_ms::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
+    LOOP
+        RETURN QUERY SELECT * FROM pgmb.read(queue_name, vt, qty, filter);
+        EXIT WHEN FOUND OR clock_timestamp() >= deadline;
+        PERFORM pg_sleep(least(poll_interval_ms / 1000.0,
+                               greatest(extract(epoch FROM deadline - clock_timestamp()), 0)));
+    END LOOP;
 END $$;
 
 --
@@ -2421,6 +2800,43 @@ BEGIN
 END $$;
 
 --
+-- Name: set_vt(text, bigint[], double precision); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.set_vt(queue_name text, delivery_ids bigint[], vt double precision) RETURNS SETOF pgmb.pull_message
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    q record;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_args(vt, 1, NULL);
+    PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
+    RETURN QUERY
+    WITH r AS (
+        UPDATE pgmb_delivery d SET available_at = clock_timestamp() + make_interval(secs => vt)
+        WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id AND d.state = 'ready'
+        RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at
+    )
+    SELECT r.id, r.message_id, r.attempts, r.created_at, r.available_at, m.body, m.headers,
+           m.routing_key::text
+    FROM r JOIN pgmb_message m ON m.id = r.message_id
+    ORDER BY r.id;
+END $$;
+
+--
+-- Name: set_vt(text, bigint, double precision); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.set_vt(queue_name text, delivery_id bigint, vt double precision) RETURNS SETOF pgmb.pull_message
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT * FROM pgmb.set_vt(queue_name, ARRAY[delivery_id], vt)
+$$;
+
+--
 -- Name: settle_failures(bigint[], uuid[], integer[], text[], double precision[], double precision[], text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -2471,6 +2887,34 @@ BEGIN
     -- Data-modifying CTEs always run to completion, read or not.
     SELECT count(*)::integer INTO settled FROM history;
     RETURN settled;
+END $$;
+
+--
+-- Name: settle_reads(text, bigint[], text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.settle_reads(queue_name text, delivery_ids bigint[], outcome text) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q record;
+    done bigint[];
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    WITH gone AS (
+        DELETE FROM pgmb_delivery d
+        WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
+        RETURNING d.id, d.message_id, d.queue_id, d.attempts
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT g.message_id, g.queue_id, g.attempts, settle_reads.outcome, NULL, NULL, '', clock_timestamp()
+        FROM gone g
+    )
+    SELECT array_agg(g.id) INTO done FROM gone g;
+    IF delivery_ids IS NULL OR coalesce(cardinality(done), 0) < cardinality(delivery_ids) THEN
+        PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
+    END IF;
+    RETURN QUERY SELECT unnest(done);
 END $$;
 
 --
@@ -2564,7 +3008,7 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed'
        OR EXISTS (SELECT FROM pgmb_dispatcher d
-                  WHERE d.kind = 'external' AND d.waiting IS NOT false
+                  WHERE d.kind IN ('external', 'consumer') AND d.waiting IS NOT false
                     -- A killed dispatcher's mark would make publishers notify for ever.
                     AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) = 'running') THEN
         PERFORM pg_notify('pgmb', '');
@@ -2789,7 +3233,7 @@ CREATE VIEW pgmb.queues AS
           WHERE (x.queue_id = q.id)) AS dead_letters,
     q.created_at
    FROM (public.pgmb_queue q
-     JOIN public.pgmb_worker w ON ((w.id = q.worker_id)));
+     LEFT JOIN public.pgmb_worker w ON ((w.id = q.worker_id)));
 
 --
 -- Name: workers; Type: VIEW; Schema: pgmb; Owner: -

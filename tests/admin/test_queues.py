@@ -161,7 +161,8 @@ def test_change_form_shows_pattern_read_only_and_the_views(admin_client, make_qu
         ({"max_retries": "-1"}, "max_retries", "greater than or equal to 0"),
         ({"backoff_base": "10", "backoff_max": "5"}, "backoff_max", "must not be below the base"),
         ({"lease_seconds": "0"}, "lease_seconds", "greater than or equal to 0.001"),
-        ({"worker": ""}, "worker", "This field is required."),
+        # No worker is a pull queue (tests/pull/test_admin.py); an unknown one is refused.
+        ({"worker": "00000000-0000-0000-0000-000000000000"}, "worker", "Select a valid choice"),
     ],
 )
 def test_add_form_rejects_bad_input(admin_client, make_worker, changes, field, message):

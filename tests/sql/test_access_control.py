@@ -235,13 +235,108 @@ def test_entry_points_act_for_their_caller_with_a_fixed_search_path(owner):
         "WHERE p.pronamespace = 'pgmb'::regnamespace AND p.prosecdef ORDER BY 1"
     ).fetchall()
     assert [r[0] for r in rows] == [
+        "pgmb.archive(text,bigint)",
+        "pgmb.archive(text,bigint[])",
+        "pgmb.delete(text,bigint)",
+        "pgmb.delete(text,bigint[])",
         "pgmb.grant_publish_access(name)",
         "pgmb.grant_queue_access(text,name)",
         "pgmb.install_access()",
         "pgmb.may(text,uuid)",
+        "pgmb.nack(text,bigint[],integer[],text[])",
+        "pgmb.pop(text,integer)",
+        "pgmb.pull_next_visible(text)",
+        "pgmb.purge(text)",
+        "pgmb.read(text,double precision,integer,jsonb)",
+        "pgmb.read_with_poll(text,double precision,integer,double precision,integer,jsonb)",
         "pgmb.require(text,text)",
         "pgmb.revoke_publish_access(name)",
         "pgmb.revoke_queue_access(text,name)",
         "pgmb.send(uuid,text,jsonb,jsonb,timestamp with time zone)",
+        "pgmb.set_vt(text,bigint,double precision)",
+        "pgmb.set_vt(text,bigint[],double precision)",
     ]
     assert {tuple(r[2]) for r in rows} == {("search_path=public, pg_temp",)}
+
+
+@pytest.fixture
+def pull_queue(owner):
+    """A pull queue (no worker) holding three messages, made by the application's role."""
+    name = f"pull_{uuid.uuid4().hex[:8]}"
+    owner.execute("SELECT pgmb.create(%s, 'job.#', 5, NULL)", [name])
+    for _ in range(3):
+        owner.execute("SELECT pgmb.send(gen_random_uuid(), 'job.run', '{}'::jsonb)")
+    return name
+
+
+def _read_counts(owner, queue: str) -> list[int]:
+    return [
+        r[0]
+        for r in owner.execute(
+            "SELECT d.attempts FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id "
+            "WHERE q.name = %s ORDER BY d.id",
+            [queue],
+        )
+    ]
+
+
+def test_a_granted_consumer_reads_and_deletes_its_queue(owner, pull_queue, login_role):
+    name, conn = login_role()
+    access.grant_queue_access(pull_queue, name)
+    read = conn.execute("SELECT delivery_id FROM pgmb.read(%s, 30, 2)", [pull_queue]).fetchall()
+    assert len(read) == 2
+    deleted = conn.execute(
+        "SELECT pgmb.delete(%s, %s::bigint[])", [pull_queue, [r[0] for r in read]]
+    ).fetchall()
+    assert sorted(d[0] for d in deleted) == sorted(r[0] for r in read)
+    assert _read_counts(owner, pull_queue) == [0]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT * FROM pgmb.read(%(q)s, 30, 10)",
+        "SELECT * FROM pgmb.read_with_poll(%(q)s, 30, 10, 0, 10)",
+        "SELECT * FROM pgmb.pop(%(q)s, 10)",
+        "SELECT pgmb.delete(%(q)s, %(ids)s::bigint[])",
+        "SELECT pgmb.archive(%(q)s, %(ids)s::bigint[])",
+        "SELECT * FROM pgmb.set_vt(%(q)s, %(ids)s::bigint[], 0)",
+        "SELECT pgmb.nack(%(q)s, %(ids)s::bigint[], ARRAY[0, 0, 0])",
+        "SELECT pgmb.purge(%(q)s)",
+        "SELECT pgmb.pull_next_visible(%(q)s)",
+    ],
+)
+@pytest.mark.parametrize("groups", [(), ("pgmb_producer",), ("pgmb_consumer",)])
+def test_a_consumer_without_the_queue_grant_is_refused_and_nothing_changes(
+    owner, pull_queue, make_queue, login_role, call, groups
+):
+    """A producer, or a consumer granted another queue, may not touch this one."""
+    name, conn = login_role(*groups)
+    if "pgmb_consumer" in groups:
+        other = owner.execute("SELECT pgmb.create(%s, 'other.#', 5, NULL)", ["other_" + name])
+        assert other.fetchone()
+        access.grant_queue_access("other_" + name, name)
+    ids = [
+        r[0]
+        for r in owner.execute(
+            "SELECT d.id FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id "
+            "WHERE q.name = %s",
+            [pull_queue],
+        )
+    ]
+    before = owner.execute(
+        "SELECT d.id, d.attempts, d.available_at FROM pgmb_delivery d ORDER BY d.id"
+    ).fetchall()
+    with pytest.raises(
+        psycopg.errors.InsufficientPrivilege, match=f"role {name} may not consume queue"
+    ):
+        conn.execute(call, {"q": pull_queue, "ids": ids})
+    after = owner.execute(
+        "SELECT d.id, d.attempts, d.available_at FROM pgmb_delivery d ORDER BY d.id"
+    ).fetchall()
+    assert after == before
+    assert owner.execute(
+        "SELECT count(*) FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id "
+        "WHERE q.name = %s",
+        [pull_queue],
+    ).fetchone() == (0,)

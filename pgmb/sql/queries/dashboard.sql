@@ -19,7 +19,8 @@ WITH bounds AS NOT MATERIALIZED (
 ), minutes AS (
     SELECT m.at FROM bounds b, generate_series(b.first, b.last, interval '1 minute') AS m(at)
 ), chosen AS (
-    SELECT q.id FROM pgmb_queue q JOIN pgmb_worker w ON w.id = q.worker_id
+    -- Pull queues (no worker) count too, unless a worker is chosen.
+    SELECT q.id FROM pgmb_queue q LEFT JOIN pgmb_worker w ON w.id = q.worker_id
     WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s::text)
       AND (%(worker)s::text IS NULL OR w.name = %(worker)s::text)
 ), recent AS MATERIALIZED (
@@ -32,7 +33,7 @@ WITH bounds AS NOT MATERIALIZED (
 ), outcomes AS (
     SELECT r.at,
            count(*) FILTER (WHERE r.outcome = 'ack') AS delivered,
-           count(*) FILTER (WHERE r.outcome NOT IN ('ack', 'unsent')) AS failed,
+           count(*) FILTER (WHERE r.outcome NOT IN ('ack', 'unsent', 'archived')) AS failed,
            count(*) FILTER (WHERE r.outcome = 'dead') AS dead_lettered,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration_ms) AS latency_p50_ms,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY r.duration_ms) AS latency_p95_ms

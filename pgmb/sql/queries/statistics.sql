@@ -19,10 +19,11 @@ FROM pgmb_attempt a
 WHERE a.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
 
 -- name: names
--- Each queue's name and its worker's: statistics are kept by name.
+-- Each queue's name and its worker's: statistics are kept by name. A pull queue has no
+-- worker (NULL: the job's "(unknown)").
 SELECT q.id::text AS queue_id, q.name::text AS queue_name, w.name::text AS worker_name
 FROM pgmb_queue q
-JOIN pgmb_worker w ON w.id = q.worker_id
+LEFT JOIN pgmb_worker w ON w.id = q.worker_id
 
 -- name: staging
 -- The job's rows go here first (COPY), then into the table with one upsert.

@@ -1,0 +1,187 @@
+"""Consuming a pull queue through SQL, driven by pgbench: pgmb against PGMQ 1.5.1.
+
+    scripts/with-cluster.sh .venv/bin/python bench/pull.py [--seconds 2] [--rounds 4]
+
+In a scratch database with one pull queue ``pullq`` (no worker) and PGMQ 1.5.1 loaded
+from ``bench/pgmq/`` with its queue ``q`` (as bench/pgbench_publish.py does), each run
+fills its queue with ``--size`` messages (the same body, bench/publish.py's order event),
+vacuums, then pgbench runs one transaction in a loop from 4 clients (and from 1):
+
+* pgmb: ``pgmb.delete('pullq', ARRAY(SELECT delivery_id FROM pgmb.read('pullq', 30, 100)))``
+* PGMQ: ``pgmq.delete('q', ARRAY(SELECT msg_id FROM pgmq.read('q', 30, 100)))``
+* PGMQ keeping what it consumed: the same with ``pgmq.archive`` (moved to its archive
+  table), as pgmb's delete keeps an ``ack`` row in its history.
+
+The cases of a table run next to each other, their order rotating between rounds; the
+best of ``--rounds`` counts. pgmb's goal is 1.0 of PGMQ's read + delete. After each run
+the queue must hold exactly what pgbench did not consume (100 a transaction, none read
+twice): the exit status is 1 if not, or if a run emptied its queue (raise ``--size``),
+never for a missed ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import harness, pgbench_publish, pgbench_runner, publish  # noqa: E402
+
+PULL_QUEUE = "pullq"  # the name bench/pgbench/pgmb_read_delete.sql reads
+BATCH = 100  # the qty of bench/pgbench/*_read_delete.sql
+
+#: (label, script, how to fill the queue with %(n)s messages of body %(body)s, how many
+#: it holds, how to empty it, the tables to vacuum)
+CASES = {
+    "pgmq": (
+        f"pgmq.read({BATCH}) + pgmq.delete",
+        "pgmq_read_delete.sql",
+        "SELECT count(*) FROM pgmq.send_batch('q', ARRAY(SELECT %(body)s::jsonb"
+        " FROM generate_series(1, %(n)s)))",
+        "SELECT count(*) FROM pgmq.q_q",
+        "SELECT pgmq.purge_queue('q')",
+        ("pgmq.q_q", "pgmq.a_q"),
+    ),
+    "pgmq_archive": (
+        f"pgmq.read({BATCH}) + pgmq.archive",
+        "pgmq_read_archive.sql",
+        "SELECT count(*) FROM pgmq.send_batch('q', ARRAY(SELECT %(body)s::jsonb"
+        " FROM generate_series(1, %(n)s)))",
+        "SELECT count(*) FROM pgmq.q_q",
+        "SELECT pgmq.purge_queue('q')",
+        ("pgmq.q_q", "pgmq.a_q"),
+    ),
+    "pgmb": (
+        f"pgmb.read({BATCH}) + pgmb.delete",
+        "pgmb_read_delete.sql",
+        "INSERT INTO pgmb_message (routing_key, body)"
+        " SELECT 'pull.job', %(body)s::jsonb FROM generate_series(1, %(n)s)",
+        "SELECT count(*) FROM pgmb_delivery",
+        "SELECT pgmb.purge('pullq')",
+        ("pgmb_message", "pgmb_delivery", "pgmb_attempt"),
+    ),
+}
+
+
+class Drained(Exception):
+    """A run consumed its whole queue: its rate would count empty reads."""
+
+
+def set_up() -> None:
+    with harness.connect() as conn:
+        conn.execute("SELECT pgmb.create(%s, 'pull.#', 5, NULL)", (PULL_QUEUE,))
+
+
+def _case(
+    kind: str, clients: int, seconds: int, size: int, server: int | None, problems: list[str]
+) -> harness.Case:
+    label, script, fill, count, empty, tables = CASES[kind]
+    body = json.dumps(publish.order_event(1))
+
+    def run() -> harness.Sample:
+        with harness.connect() as conn:
+            conn.execute(empty)
+            conn.execute(fill, {"n": size, "body": body})
+            for table in tables:
+                conn.execute(f"VACUUM (ANALYZE) {table}")
+            cpu_before = harness.tree_cpu(server)
+            known = harness.children(server)
+            outcome = pgbench_runner.run(script, os.environ["PGMB_BENCH_DB"], clients, seconds, {})
+            harness.reaped(server, known)
+            cpu_after = harness.tree_cpu(server)
+            (left,) = conn.execute(count).fetchone()
+        consumed = outcome.transactions * BATCH
+        if left == 0 or left < clients * BATCH:
+            raise Drained(f"{label}: the queue of {size:,} ran dry; raise --size")
+        if left != size - consumed:
+            problems.append(
+                f"{label}: {left:,} messages left of {size:,}, pgbench consumed {consumed:,}"
+            )
+        return {
+            "rate": outcome.tps * BATCH,
+            "server_us": (cpu_after - cpu_before) * 1e6 / max(consumed, 1),
+        }
+
+    return harness.Case(f"{label}, {clients} client{'s' if clients > 1 else ''}", run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=2, help="per run (whole seconds, 2)")
+    parser.add_argument("--rounds", type=int, default=4, help="runs of each case (default 4)")
+    parser.add_argument(
+        "--size", type=int, default=200_000, help="messages in the queue at each run's start"
+    )
+    parser.add_argument("--goal", type=float, default=1.0, help="pgmb / PGMQ to reach (1.0)")
+    parser.add_argument("--db", default="pgmb_bench_pull", help="scratch database to create")
+    parser.add_argument("--keep", action="store_true", help="do not drop the database")
+    args = parser.parse_args(argv)
+    seconds = max(1, round(args.seconds))
+
+    began = time.monotonic()
+    problems: list[str] = []
+    with harness.scratch_database(args.db, args.keep):
+        set_up()
+        failure = pgbench_publish.load_pgmq()
+        if failure is not None:
+            print(f"PGMQ did not load ({failure}): there is nothing to compare with")
+            return 1
+        harness.print_machine(
+            queues=f"pgmb: pull queue {PULL_QUEUE}; PGMQ: queue q (not partitioned, logged)",
+            pgbench=f"{pgbench_runner.version()}, {pgbench_runner.binary()}",
+            pgmq="1.5.1, loaded from bench/pgmq/pgmq.sql",
+            size=f"{args.size:,} messages in the queue at the start of each run",
+        )
+        server = harness.postmaster()
+        load = harness.OtherLoad(server)
+        print(
+            f"\nmessages/s consumed (read {BATCH} + delete them, one transaction): best of "
+            f"{args.rounds} runs of {seconds} s (pgbench -M prepared -T {seconds}); ratios best "
+            "against best. Server CPU: all of PostgreSQL's processes, per message (least)."
+        )
+        try:
+            for clients in (4, 1):
+                print(f"\n{clients} client{'s' if clients > 1 else ''}:")
+                group = tuple(
+                    _case(kind, clients, seconds, args.size, server, problems)
+                    for kind in ("pgmq", "pgmq_archive", "pgmb")
+                )
+                results = harness.measure([group], args.rounds, load)
+                pgmq, archive, pgmb = (case.label for case in group)
+                harness.print_table(
+                    results,
+                    [
+                        harness.Row(pgmq, pgmq),
+                        harness.Row(archive, archive, "rate", pgmq),
+                        harness.Row(pgmb, pgmb, "rate", pgmq, args.goal, also=archive),
+                    ],
+                    harness.best,
+                    (harness.Column("server us/msg", "server_us", harness.least),),
+                    ratio_title="vs pgmq",
+                    also_title="vs archive",
+                )
+        except (Drained, psycopg.Error, RuntimeError) as exc:
+            print(f"\nFAILED: {exc}")
+            return 1
+    if problems:
+        print("\nCOUNT CHECK FAILED:\n  " + "\n  ".join(problems))
+        return 1
+    print(
+        f"\ncount check: every run left exactly what it did not consume; "
+        f"{time.monotonic() - began:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""A pull queue's consumer: read, call a handler, delete or nack, until stopped.
+
+``manage.py pgmb_consume`` runs one :class:`Consumer`. It reads on a connection of its
+own (autocommit), so that it can wait for publishers' notifications: it registers as a
+dispatcher of kind ``consumer`` (shown with the dispatchers), and when a read comes back
+empty it marks itself waiting, so that publishers notify (``pgmb.wake_dispatchers``),
+with the same no-lost-wake-up handshake as the external dispatcher
+(``pgmb.dispatcher_idle``, docs/decisions.md). It also wakes when a message's visibility
+timeout or backoff runs out (``pgmb.pull_next_visible``).
+
+The handler gets one :class:`pgmb.pull.Message` (the default) or, with ``batch``, a list
+of up to ``batch`` of them. It returns: the messages are deleted (acknowledged). It raises:
+they are failed (``pgmb.nack``: visible again after the queue's backoff, dead-lettered
+after ``1 + max_retries`` reads), and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+from . import conf, dispatchers, sql
+from .deliveries import Call
+from .dispatch.database import conninfo_from_django
+from .pull import (
+    Message,
+    delete_call,
+    nack_call,
+    next_visible_call,
+    queue_lease_call,
+    read_call,
+    set_vt_call,
+)
+
+log = logging.getLogger("pgmb.consume")
+
+#: Messages read at once when the handler takes them one by one.
+PREFETCH = 10
+#: The shortest sleep of an idle consumer, in seconds.
+MIN_SLEEP = 0.01
+
+
+def _run(conn: psycopg.Connection[Any], call: Call[Any]) -> Any:
+    with conn.cursor() as cursor:
+        cursor.execute(call.query, call.params)
+        if cursor.description is None:
+            return call.read([], [])
+        return call.read([c.name for c in cursor.description], cursor.fetchall())
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Consumer:
+    """Consumes one pull queue until :meth:`stop` is called (a signal handler may)."""
+
+    def __init__(
+        self,
+        queue: str,
+        handler: Callable[[Any], Any],
+        *,
+        batch: int | None = None,
+        vt: float | None = None,
+        using: str | None = None,
+        max_messages: int | None = None,
+        poll_interval: float | None = None,
+    ) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.batch = batch
+        self.qty = batch or PREFETCH
+        self.vt = vt
+        self.using = using or conf.get().DATABASE
+        self.max_messages = max_messages
+        self.heartbeat = conf.get().DISPATCH_HEARTBEAT_INTERVAL
+        #: The longest sleep without a notification (a safety net: publishers notify).
+        self.poll_interval = poll_interval or conf.get().DISPATCH_POLL_INTERVAL
+        self.stopping = False
+        self.deleted = 0
+        self.failed = 0
+        self.registration: int | None = None
+        #: The consumer's row says it waits (publishers notify), and whether every
+        #: publisher sees that (pgmb.dispatcher_idle): then it may sleep.
+        self._waiting = False
+        self._settled = False
+        self._conn: psycopg.Connection[Any] | None = None
+        self._next_beat = 0.0
+
+    def stop(self) -> None:
+        """Stop after the messages in hand: safe to call from a signal handler."""
+        self.stopping = True
+
+    def connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(**conninfo_from_django(self.using), autocommit=True)
+        try:
+            conn.execute(sql.query("dispatcher.sql", "listen"))
+            # Checks the queue (unknown, or not a pull queue: an error) and gives the
+            # default visibility timeout, the queue's lease.
+            lease = _run(conn, queue_lease_call(self.queue))
+            if self.vt is None:
+                self.vt = float(lease)
+            self.registration = _run(
+                conn,
+                dispatchers.start_call(
+                    dispatchers.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
+                ),
+            )
+        except BaseException:
+            conn.close()
+            raise
+        self._waiting = self._settled = False
+        self._next_beat = time.monotonic() + self.heartbeat
+        self._conn = conn
+        return conn
+
+    def run(self) -> None:
+        """Consume until stopped (or until ``max_messages`` were handled)."""
+        conn = self._conn or self.connect()
+        try:
+            while not self.stopping and not self._done():
+                self._beat(conn)
+                messages = _run(conn, read_call(self.queue, self.vt or 0, self._qty()))
+                if messages:
+                    self._busy(conn, len(messages))
+                    self._handle(conn, messages)
+                else:
+                    self._wait(conn)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if self.registration is not None:
+                _run(conn, dispatchers.stop_call(self.registration, self.deleted, self.failed))
+        except psycopg.Error as exc:
+            log.warning("could not mark the consumer stopped: %s", exc)
+        finally:
+            conn.close()
+
+    def _done(self) -> bool:
+        return self.max_messages is not None and self.deleted + self.failed >= self.max_messages
+
+    def _qty(self) -> int:
+        if self.max_messages is None:
+            return self.qty
+        return max(1, min(self.qty, self.max_messages - self.deleted - self.failed))
+
+    def _beat(self, conn: psycopg.Connection[Any]) -> None:
+        if time.monotonic() < self._next_beat or self.registration is None:
+            return
+        self._next_beat = time.monotonic() + self.heartbeat
+        _run(conn, dispatchers.beat_call(self.registration, 0, self.deleted, self.failed))
+
+    def _busy(self, conn: psycopg.Connection[Any], got: int) -> None:
+        # Publishers need not wake a consumer that reads full batches.
+        if self._waiting and got >= self._qty() and self.registration is not None:
+            _run(conn, dispatchers.busy_call(self.registration))
+            self._waiting = self._settled = False
+
+    def _handle(self, conn: psycopg.Connection[Any], messages: list[Message]) -> None:
+        groups: Sequence[list[Message]] = (
+            [messages] if self.batch else [[message] for message in messages]
+        )
+        done: list[Message] = []
+        failed: list[tuple[Message, str]] = []
+        for i, group in enumerate(groups):
+            if self.stopping and i > 0:
+                # Stopping: what was read and not handled is visible again at once.
+                rest = [m for g in groups[i:] for m in g]
+                _run(conn, set_vt_call(self.queue, rest, 0))
+                break
+            try:
+                self.handler(group if self.batch else group[0])
+            except (Exception, SystemExit) as exc:  # fails its messages, never the loop
+                log.warning(
+                    "handler failed on %s of %s: %s",
+                    ", ".join(str(m.id) for m in group),
+                    self.queue,
+                    _error_text(exc),
+                )
+                failed += [(m, _error_text(exc)) for m in group]
+            else:
+                done += group
+        if done:
+            self.deleted += len(_run(conn, delete_call(self.queue, done)))
+        if failed:
+            _run(
+                conn,
+                nack_call(self.queue, [m for m, _ in failed], [e for _, e in failed]),
+            )
+            self.failed += len(failed)
+
+    def _wait(self, conn: psycopg.Connection[Any]) -> None:
+        """Nothing to read: mark this consumer waiting and read once more; with the mark
+        visible to every publisher, sleep until a notification, the next visible message
+        or the poll interval (heartbeats go on meanwhile; they do not end the wait)."""
+        if not self._settled and self.registration is not None:
+            self._waiting = True
+            self._settled = _run(conn, dispatchers.idle_call(self.registration))
+            if not self._settled:
+                # A message insert was in flight: it may not have seen the mark. Read again
+                # shortly and ask once more.
+                time.sleep(random.uniform(0.002, 0.05))  # noqa: S311 (jitter)
+            return
+        due = _run(conn, next_visible_call(self.queue))
+        # A visible message the read did not get is another reader's, being read right
+        # now: a short pause, not a busy loop.
+        self._sleep(
+            conn,
+            self.poll_interval if due is None else min(max(due, MIN_SLEEP), self.poll_interval),
+        )
+
+    def _sleep(self, conn: psycopg.Connection[Any], timeout: float) -> None:
+        # In short slices, so that a stop request is seen within a fraction of a second.
+        # A notification that came during an earlier statement is kept by psycopg and
+        # ends the sleep at once.
+        deadline = time.monotonic() + timeout
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for _ in conn.notifies(timeout=min(left, 0.25), stop_after=1):
+                return
+            self._beat(conn)

@@ -60,3 +60,10 @@ SET status = CASE WHEN %(final)s THEN 'FAILED' ELSE 'READY' END,
     finished_at = CASE WHEN %(final)s THEN statement_timestamp() END
 WHERE id = %(id)s
 RETURNING status, finished_at
+
+-- name: max_attempts
+-- How many reads the queue of a pull queue's message (a delivery) allows.
+SELECT 1 + q.max_retries
+FROM pgmb_delivery AS d
+JOIN pgmb_queue AS q ON q.id = d.queue_id
+WHERE d.id = %(delivery_id)s

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     """Results of Django tasks run through pgmb (pgmb.tasks.PgmbBackend): one row per task
     message, keyed by the message's id."""
     dependencies = [
-        ("pgmb", "0020_indb_commit_batches"),
+        ("pgmb", "0021_pull_queues"),
     ]
 
     operations = [

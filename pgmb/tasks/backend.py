@@ -140,9 +140,9 @@ class PgmbBackend(BaseTaskBackend):
             if not routed:
                 raise UnroutedTask(
                     f"no pgmb queue is bound to {key!r}, so task {task.module_path} would "
-                    f"never run: start 'manage.py pgmb_tasks_worker' once (it creates the "
-                    f"queue {naming.pgmb_queue(task.queue_name)!r}), or create a queue "
-                    f"bound to {key!r}"
+                    "never run: run 'manage.py pgmb_tasks_worker --create-queues' (it "
+                    f"creates the pull queue {naming.pgmb_queue(task.queue_name)!r}) or "
+                    "start the worker"
                 )
         object.__setattr__(result, "enqueued_at", enqueued_at)
         # Like the message, the enqueue happened only if the transaction commits.

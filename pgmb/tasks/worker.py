@@ -72,9 +72,7 @@ def run_message(message: Message, *, using: str | None = None) -> None:
     failed (the consumer fails it: retried after the queue's backoff, dead-lettered after
     its last attempt). See :func:`pgmb.tasks.executor.run_task`.
     """
-    # As around a request: a connection the database dropped, or one past CONN_MAX_AGE,
-    # is replaced rather than failing every task after it.
-    close_old_connections()
+    _refresh_connections()
     try:
         run_task(
             message.message_id,
@@ -83,4 +81,12 @@ def run_message(message: Message, *, using: str | None = None) -> None:
             using=using,
         )
     finally:
+        _refresh_connections()
+
+
+def _refresh_connections() -> None:
+    # As around a request: a connection the database dropped, or one past CONN_MAX_AGE, is
+    # replaced rather than failing every task after it. Not inside a transaction (a caller
+    # of its own, a test), which closing would end.
+    if not any(c.in_atomic_block for c in connections.all(initialized_only=True)):
         close_old_connections()

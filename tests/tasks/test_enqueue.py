@@ -15,17 +15,18 @@ from django_tasks import TaskResultStatus, task_backends
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from django_tasks.signals import task_enqueued
 
-from pgmb.models import Delivery, Message
+from pgmb.models import Delivery, Message, Queue
 from pgmb.tasks import PgmbBackend, UnroutedTask
+from pgmb.tasks.worker import ensure_queues
 from tests.tasks import jobs
 
 
 @pytest.fixture
-def task_queues(make_queue):
-    """pgmb queues bound to the test backend's Tasks queues (any kind of queue routes)."""
+def task_queues(db):
+    """The pull queues of the test backend's Tasks queues, as the worker creates them."""
+    ensure_queues(["default", "emails"])
     return {
-        name: make_queue(binding_key=f"tasks.{name}", name=f"tasks_{name}")
-        for name in ("default", "emails")
+        q.name.removeprefix("tasks_"): q for q in Queue.objects.filter(name__startswith="tasks_")
     }
 
 

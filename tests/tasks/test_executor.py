@@ -3,15 +3,19 @@ observed through the framework's API: status, return value, errors, worker ids, 
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django_tasks import TaskResultStatus
 from django_tasks.exceptions import InvalidTaskError
 from django_tasks.signals import task_finished, task_started
 
-from pgmb import deliveries
+from pgmb import deliveries, pull
+from pgmb.models import Queue
 from pgmb.models import TaskResult as TaskResultRow
 from pgmb.tasks import PgmbBackend
 from pgmb.tasks.executor import run_task, worker_id
+from pgmb.tasks.worker import ensure_queues, run_message
 from tests.tasks import jobs
 
 
@@ -131,8 +135,6 @@ def test_a_task_that_succeeded_is_not_run_twice(task_queues, tmp_path):
 
 
 def test_a_message_without_a_task_is_an_invalid_task(db):
-    import uuid
-
     with pytest.raises(InvalidTaskError, match="carries no task"):
         run_task(uuid.uuid4(), attempt=1, max_attempts=1)
 
@@ -167,3 +169,30 @@ def test_a_dead_letter_the_worker_did_not_record_is_failed(task_queues):
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.finished_at is not None
+
+
+def test_the_pull_handler_runs_a_read_message_in_three_queries(db, django_assert_num_queries):
+    assert ensure_queues(["default"]) == ["tasks_default"]
+    result = jobs.add.enqueue(40, 2)
+    [message] = pull.read("tasks_default", vt=30)
+    assert str(message.message_id) == result.id and message.read_ct == 1
+    # Mark it running, the queue's attempts, record the return value.
+    with django_assert_num_queries(3):
+        run_message(message)
+    result.refresh()
+    assert result.return_value == 42
+
+
+def test_the_pull_handler_knows_the_last_attempt(db):
+    ensure_queues(["default"])
+    pgmb_queue = "tasks_default"
+    Queue.objects.filter(name=pgmb_queue).update(max_retries=1, backoff_base=0, backoff_max=0)
+    result = jobs.explode.enqueue("no")
+    for expected in (TaskResultStatus.READY, TaskResultStatus.FAILED):
+        [message] = pull.read(pgmb_queue, vt=30)
+        with pytest.raises(ValueError, match="no"):
+            run_message(message)
+        pull.nack(pgmb_queue, [message], "ValueError: no")
+        result.refresh()
+        assert result.status == expected
+    assert pull.read(pgmb_queue, vt=30) == []

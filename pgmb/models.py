@@ -833,3 +833,62 @@ class ArchiveItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_id} in archive run {self.run_id}"
+
+
+class TaskResult(models.Model):
+    """The state and outcome of one Django task enqueued with :class:`pgmb.tasks.PgmbBackend`.
+
+    Its id is the id of the message that carries the task, so a row and its message are
+    written in the same transaction and a rolled-back enqueue leaves neither. Read through
+    the Tasks framework (``task.get_result(id)``, ``result.refresh()``), not directly.
+    """
+
+    class Status(models.TextChoices):
+        # The values of the framework's TaskResultStatus (pgmb's core does not import it).
+        READY = "READY", _("ready")
+        RUNNING = "RUNNING", _("running")
+        FAILED = "FAILED", _("failed")
+        SUCCESSFUL = "SUCCESSFUL", _("successful")
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    #: The TASKS alias of the backend the task was enqueued with.
+    backend = models.CharField(max_length=100)
+    #: The task's dotted path (``module.function``), imported by the worker.
+    task_path = models.TextField()
+    #: The Tasks queue; its messages carry the routing key ``tasks.<queue_name>``.
+    queue_name = models.CharField(max_length=100)
+    priority = models.SmallIntegerField(default=0, db_default=0)
+    run_after = models.DateTimeField(null=True, blank=True)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    status = models.CharField(
+        max_length=10, choices=Status.choices, default=Status.READY, db_default="READY"
+    )
+    enqueued_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    #: What the task returned, as JSON (null until it succeeds).
+    return_value = models.JSONField(null=True, blank=True)
+    #: One {"exception_class_path": ..., "traceback": ...} per failed attempt, oldest first.
+    errors = models.JSONField(default=list, blank=True)
+    #: The worker of each attempt, oldest first (its length is the number of attempts).
+    worker_ids = ArrayField(models.TextField(), default=list, blank=True)
+
+    class Meta:
+        db_table = "pgmb_task_result"
+        verbose_name = _("task result")
+        ordering = ["-enqueued_at"]
+        # OR-ed equalities rather than IN, as for pgmb_archive_run_state (schema.sql).
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status="READY")
+                | models.Q(status="RUNNING")
+                | models.Q(status="FAILED")
+                | models.Q(status="SUCCESSFUL"),
+                name="pgmb_task_result_status",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id} ({self.status})"

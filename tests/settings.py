@@ -15,6 +15,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "pgtrigger",
     "pgmb",
+    # Django's Tasks framework (the backport on Django 5.2): pgmb.tasks (tests/tasks).
+    "django_tasks",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -64,3 +66,9 @@ PGMB: dict = {}
 # Subprocess dispatchers of the tests beat faster than the default (tests/dispatch).
 if os.environ.get("PGMB_TEST_HEARTBEAT_INTERVAL"):
     PGMB["DISPATCH_HEARTBEAT_INTERVAL"] = float(os.environ["PGMB_TEST_HEARTBEAT_INTERVAL"])
+
+# Tasks run through pgmb (tests/tasks); "immediate" is another backend's, for contrast.
+TASKS = {
+    "default": {"BACKEND": "pgmb.tasks.PgmbBackend", "QUEUES": ["default", "emails"]},
+    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+}

@@ -1,0 +1,156 @@
+"""``manage.py pgmb_tasks_worker``: run the Django tasks of a PgmbBackend's queues."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from functools import partial
+from typing import Any
+
+import psycopg
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from pgmb.consume import Consumer
+from pgmb.errors import PgmbError
+from pgmb.management.commands.pgmb_dispatch import _positive
+from pgmb.tasks import PgmbBackend
+from pgmb.tasks.compat import DEFAULT_TASK_QUEUE_NAME, task_backends
+from pgmb.tasks.worker import ensure_queues, run_message
+
+log = logging.getLogger("pgmb.tasks")
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the Django tasks of a pgmb.tasks.PgmbBackend: create the pull queue "
+        "tasks_<name> of each Tasks queue if it is missing, then consume them (one thread "
+        "per queue). Stops after the tasks in hand on SIGTERM/SIGINT."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue-name",
+            action="append",
+            dest="queue_names",
+            metavar="NAME",
+            help="A Tasks queue to run (repeatable; default: the backend's QUEUES).",
+        )
+        parser.add_argument(
+            "--backend",
+            default="default",
+            metavar="ALIAS",
+            help="The TASKS alias of the backend (default %(default)s).",
+        )
+        parser.add_argument(
+            "--vt",
+            type=_positive(float),
+            default=None,
+            metavar="SECONDS",
+            help="How long a task may run before its message is read again (default: each "
+            "queue's lease).",
+        )
+        parser.add_argument(
+            "--create-queues",
+            action="store_true",
+            help="Create the missing pull queues and exit (a deployment step after migrate).",
+        )
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        backend = self._backend(opts["backend"])
+        names = opts["queue_names"] or sorted(backend.queues) or [DEFAULT_TASK_QUEUE_NAME]
+        unknown = [n for n in names if backend.queues and n not in backend.queues]
+        if unknown:
+            raise CommandError(
+                f"backend {opts['backend']!r} has no queue {unknown[0]!r} (its QUEUES: "
+                f"{', '.join(sorted(backend.queues))})"
+            )
+        try:
+            queues = ensure_queues(names, using=backend.database)
+        except (PgmbError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if opts["create_queues"]:
+            if opts["verbosity"] >= 1:
+                self.stdout.write(f"queues ready: {', '.join(queues)}")
+            return
+        self._configure_logging(opts["verbosity"])
+        handler = partial(run_message, using=backend.database)
+        consumers = [Consumer(q, handler, vt=opts["vt"], using=backend.database) for q in queues]
+        try:
+            for consumer in consumers:
+                consumer.connect()
+        except psycopg.Error as exc:
+            for consumer in consumers:
+                consumer.close()
+            raise CommandError(str(exc).strip().splitlines()[0]) from exc
+        failures = self._run(consumers, opts["verbosity"], queues)
+        if opts["verbosity"] >= 1:
+            done = sum(c.deleted for c in consumers)
+            failed = sum(c.failed for c in consumers)
+            self.stdout.write(f"{done} tasks done, {failed} attempts failed")
+        if failures:
+            raise CommandError(f"a consumer stopped on an error: {failures[0]}")
+
+    def _run(self, consumers: list[Consumer], verbosity: int, queues: list[str]) -> list[str]:
+        failures: list[str] = []
+
+        def consume(consumer: Consumer) -> None:
+            try:
+                consumer.run()
+            except Exception as exc:  # reported by the main thread, which stops the others
+                log.exception("consumer of %s stopped", consumer.queue)
+                failures.append(f"{consumer.queue}: {exc}")
+            finally:
+                connections.close_all()  # this thread's Django connections
+
+        def stop(signum: int, frame: Any) -> None:
+            for consumer in consumers:
+                consumer.stop()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        threads = [
+            threading.Thread(target=consume, args=(c,), name=f"pgmb-tasks-{c.queue}")
+            for c in consumers
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            if verbosity >= 1:
+                self.stdout.write(f"running tasks from {', '.join(queues)}")
+                self.stdout.flush()
+            # Joined in slices: signal handlers run in this thread, between the slices.
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(timeout=0.2)
+                if failures:
+                    stop(0, None)
+        finally:
+            stop(0, None)
+            for thread in threads:
+                thread.join()
+            for s, h in previous.items():
+                signal.signal(s, h)
+        return failures
+
+    def _backend(self, alias: str) -> PgmbBackend:
+        try:
+            backend = task_backends[alias]
+        except Exception as exc:  # the framework's InvalidTaskBackend(Error)
+            raise CommandError(f"no Tasks backend {alias!r}: {exc}") from exc
+        if not isinstance(backend, PgmbBackend):
+            raise CommandError(
+                f"Tasks backend {alias!r} is a {type(backend).__name__}, not pgmb.tasks.PgmbBackend"
+            )
+        return backend
+
+    def _configure_logging(self, verbosity: int) -> None:
+        level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+        for name in ("pgmb.consume", "pgmb.tasks"):
+            logger = logging.getLogger(name)
+            if not logger.handlers and not logging.getLogger().handlers:
+                handler = logging.StreamHandler(sys.stderr)
+                handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+                logger.addHandler(handler)
+            logger.setLevel(level)

@@ -1,0 +1,146 @@
+"""Running one task message: the part of a worker that knows about tasks.
+
+A consumer of the pgmb queue ``tasks_<queue_name>`` calls :func:`run_task` once per
+message, outside any transaction, with the message's id, the attempt's number and how many
+attempts the queue allows. It returns when the task succeeded (acknowledge the message)
+and raises the task's exception when it failed (fail the message: the queue retries it
+with backoff, and dead-letters it after its last attempt).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import traceback
+import uuid
+from typing import Any
+
+from django.db import connections
+
+from .. import conf, sql
+from . import results
+from .compat import (
+    InvalidTask,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_finished,
+    task_started,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def worker_id() -> str:
+    """This process, as recorded in a result's ``worker_ids`` (at most 64 characters)."""
+    return f"{socket.gethostname()[:50]}:{os.getpid()}"
+
+
+def _error(exc: BaseException) -> TaskError:
+    kind = type(exc)
+    return TaskError(
+        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+        traceback="".join(traceback.format_exception(exc)),
+    )
+
+
+def _execute(alias: str, name: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql.query("tasks.sql", name), params)
+        row = cursor.fetchone()
+    return None if row is None else tuple(row)
+
+
+def _record_failure(
+    alias: str, message_id: uuid.UUID, exc: BaseException, *, final: bool
+) -> tuple[TaskError, str, Any]:
+    error = _error(exc)
+    row = _execute(
+        alias,
+        "fail",
+        {
+            "id": message_id,
+            "final": final,
+            "error": json.dumps(
+                {"exception_class_path": error.exception_class_path, "traceback": error.traceback}
+            ),
+        },
+    )
+    status, finished_at = row if row is not None else (None, None)
+    return error, status, finished_at
+
+
+def run_task(
+    message_id: uuid.UUID | str,
+    *,
+    attempt: int,
+    max_attempts: int,
+    using: str | None = None,
+) -> TaskResult | None:
+    """Run the task of message ``message_id`` and record its outcome in its result.
+
+    ``attempt`` counts from 1; a failure of attempt ``max_attempts`` (1 + the queue's
+    max_retries) is the task's last: its status becomes FAILED, otherwise READY until the
+    next attempt. The framework's signals are sent as it does: ``task_started`` when the
+    task starts, ``task_finished`` when its status is final (SUCCESSFUL or FAILED).
+
+    Returns the result; None for a task that had already succeeded (its message came back
+    before it was acknowledged: the task is not run twice). Raises the task's exception
+    when it fails, and the framework's ``InvalidTask`` when the message carries no task
+    this worker can run (no result row, a task path that does not import, another
+    backend's task): each such failure is an attempt like any other.
+    """
+    from .backend import PgmbBackend
+
+    alias = using or conf.get().DATABASE
+    mid = uuid.UUID(str(message_id))
+    final = attempt >= max_attempts
+    row = _execute(alias, "start", {"id": mid, "worker_id": worker_id()})
+    if row is None:
+        if _execute(alias, "status", {"id": mid}) is not None:
+            logger.info("task %s already succeeded: not run again", mid)
+            return None
+        raise InvalidTask(f"message {mid} carries no task: it has no result row")
+    try:
+        result = results.from_row(row)
+        backend = result.task.get_backend()
+        if not isinstance(backend, PgmbBackend):
+            raise InvalidTask(
+                f"task {result.task.module_path} is enqueued on backend {result.backend!r}, "
+                f"a {type(backend).__name__}, not a PgmbBackend"
+            )
+    except Exception as exc:
+        _record_failure(alias, mid, exc, final=final)
+        raise
+    sender = type(backend)
+    task = result.task
+    task_started.send(sender=sender, task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        # What it returns is stored as JSON; anything else fails the attempt, as in the
+        # framework's own backends.
+        value = normalize_json(value)
+        value_json = json.dumps(value, allow_nan=False)
+    except KeyboardInterrupt:
+        raise  # the worker is stopping: the message comes back when its lease runs out
+    except BaseException as exc:
+        error, status, finished_at = _record_failure(alias, mid, exc, final=final)
+        result.errors.append(error)
+        object.__setattr__(result, "status", TaskResultStatus(status))
+        object.__setattr__(result, "finished_at", finished_at)
+        if final:
+            task_finished.send(sender=sender, task_result=result)
+        raise
+    done = _execute(alias, "succeed", {"id": mid, "return_value": value_json})
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", done[0] if done else None)
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(sender=sender, task_result=result)
+    return result

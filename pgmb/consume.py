@@ -8,6 +8,11 @@ with the same no-lost-wake-up handshake as the external dispatcher
 (``pgmb.dispatcher_idle``, docs/decisions.md). It also wakes when a message's visibility
 timeout or backoff runs out (``pgmb.pull_next_visible``).
 
+A lost connection (a database restart, a terminated backend) is waited out: the consumer
+reconnects with the dispatcher's backoff (at most half a second apart) and registers
+again; messages read but not yet deleted become visible again at the end of their
+visibility timeout, as after a crash.
+
 The handler gets one :class:`pgmb.pull.Message` (the default) or, with ``batch``, a list
 of up to ``batch`` of them. It returns: the messages are deleted (acknowledged). It raises:
 they are failed (``pgmb.nack``: visible again after the queue's backoff, dead-lettered
@@ -28,6 +33,7 @@ import psycopg
 
 from . import conf, dispatchers, sql
 from .deliveries import Call
+from .dispatch.backoff import Backoff
 from .dispatch.database import conninfo_from_django
 from .pull import (
     Message,
@@ -127,15 +133,46 @@ class Consumer:
         conn = self._conn or self.connect()
         try:
             while not self.stopping and not self._done():
-                self._beat(conn)
-                messages = _run(conn, read_call(self.queue, self.vt or 0, self._qty()))
-                if messages:
-                    self._busy(conn, len(messages))
-                    self._handle(conn, messages)
-                else:
-                    self._wait(conn)
+                try:
+                    self._step(conn)
+                except psycopg.OperationalError as exc:
+                    if not conn.closed and not conn.broken:
+                        raise
+                    again = self._reconnect(exc)
+                    if again is None:
+                        return
+                    conn = again
         finally:
             self.close()
+
+    def _step(self, conn: psycopg.Connection[Any]) -> None:
+        self._beat(conn)
+        messages = _run(conn, read_call(self.queue, self.vt or 0, self._qty()))
+        if messages:
+            self._busy(conn, len(messages))
+            self._handle(conn, messages)
+        else:
+            self._wait(conn)
+
+    def _reconnect(self, lost: psycopg.Error) -> psycopg.Connection[Any] | None:
+        """Connect again after ``lost``; None if stopped meanwhile. The old registration
+        is left to age into "gone" (its connection is what failed)."""
+        log.warning("connection to the database lost (%s): reconnecting", _error_text(lost))
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self.registration = None
+        backoff = Backoff()
+        while not self.stopping:
+            time.sleep(backoff.next())
+            try:
+                conn = self.connect()
+            except psycopg.OperationalError as exc:
+                log.debug("database still unreachable: %s", _error_text(exc))
+                continue
+            log.warning("reconnected to the database")
+            return conn
+        return None
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

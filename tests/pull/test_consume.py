@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 
 import pgmb
+from pgmb import pull
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess
 from tests.waiting import wait_until
 
@@ -133,7 +134,7 @@ def test_sigterm_finishes_the_message_in_hand_and_hands_back_the_rest(
     assert "1 deleted, 0 failed" in stdout
     assert [line["body"]["n"] for line in _lines(out)] == [0]
     # The four read with it and not handled are visible again at once.
-    assert sorted(m.body["n"] for m in pgmb.pull.read(queue.name, 30, 10)) == [1, 2, 3, 4]
+    assert sorted(m.body["n"] for m in pull.read(queue.name, 30, 10)) == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(
@@ -154,3 +155,34 @@ def test_bad_arguments_stop_with_a_clear_error(consume, make_pull_queue, make_qu
     assert proc.returncode != 0
     assert error in stderr
     assert not DispatcherProcess.objects.exists()
+
+
+def test_a_lost_connection_is_waited_out_and_consuming_goes_on(consume, make_pull_queue, out):
+    queue = make_pull_queue()
+    pgmb.send("k", {"n": 1})
+    proc = consume(queue.name, "--handler", "tests.pull.handlers.record", "--poll-interval", "600")
+    wait_until(lambda: len(_lines(out)) == 1, message="the first message handled")
+    wait_until(_sleeping, message="the consumer to wait")
+    first = DispatcherProcess.objects.get(kind="consumer")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        )
+    # It registers again on a new connection, and is woken by NOTIFY on it.
+    wait_until(
+        lambda: (
+            DispatcherProcess.objects.filter(kind="consumer", waiting=True)
+            .exclude(pk=first.pk)
+            .exists()
+        ),
+        message="the consumer to reconnect and wait again",
+    )
+    pgmb.send("k", {"n": 2})
+    wait_until(lambda: len(_lines(out)) == 2, message="the message after the outage handled")
+    assert [line["body"]["n"] for line in _lines(out)] == [1, 2]
+    assert not Delivery.objects.filter(queue=queue).exists()
+    _, stderr = _stop(proc)
+    assert "connection to the database lost" in stderr
+    assert "reconnected to the database" in stderr

@@ -33,3 +33,11 @@ class InvalidDelay(PgmbError, ValueError):
 
 class DuplicateMessage(PgmbError):
     """A message with this id already exists."""
+
+
+class InvalidOption(PgmbError, ValueError):
+    """A message option (priority, group, depends_on, dedup id, retries) breaks its rule."""
+
+
+class UnknownDependency(PgmbError, ValueError):
+    """A message depends on a message that does not exist (checked by the database)."""

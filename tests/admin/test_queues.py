@@ -19,6 +19,7 @@ def queue_data(owner, **changes):
         "backoff_base": "1",
         "backoff_max": "60",
         "lease_seconds": "30",
+        "dedup_window": "300",
         "_save": "Save",
     }
     data.update(changes)
@@ -161,6 +162,8 @@ def test_change_form_shows_pattern_read_only_and_the_views(admin_client, make_qu
         ({"max_retries": "-1"}, "max_retries", "greater than or equal to 0"),
         ({"backoff_base": "10", "backoff_max": "5"}, "backoff_max", "must not be below the base"),
         ({"lease_seconds": "0"}, "lease_seconds", "greater than or equal to 0.001"),
+        ({"dedup_window": "-1"}, "dedup_window", "greater than or equal to 0"),
+        ({"dedup_window": "2592001"}, "dedup_window", "less than or equal to 2592000"),
         ({"worker": ""}, "worker", "This field is required."),
     ],
 )

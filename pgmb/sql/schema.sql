@@ -1390,11 +1390,11 @@ CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     LANGUAGE sql STABLE
     AS $$
     SELECT q.name::text,
-           r.n + coalesce(l.n, 0),
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0),
            r.due,
            extract(epoch FROM now() - greatest(r.newest, l.newest))::float8,
            extract(epoch FROM now() - r.oldest_due)::float8,
-           r.n + coalesce(l.n, 0) + x.n + a.n,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0) + x.n + a.n,
            coalesce(l.n, 0),
            r.retrying,
            x.n,
@@ -1416,8 +1416,10 @@ CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
         SELECT count(*) AS n FROM pgmb_attempt a WHERE a.queue_id = q.id AND a.outcome = 'ack'
     ) a
     LEFT JOIN (
-        SELECT d.queue_id, count(*) AS n, max(d.created_at) AS newest
-        FROM pgmb_delivery d WHERE d.state = 'leased' GROUP BY d.queue_id
+        SELECT d.queue_id, count(*) FILTER (WHERE d.state = 'leased') AS n,
+               count(*) FILTER (WHERE d.state = 'waiting') AS waiting,
+               max(d.created_at) AS newest
+        FROM pgmb_delivery d WHERE d.state = 'leased' OR d.state = 'waiting' GROUP BY d.queue_id
     ) l ON l.queue_id = q.id
     LEFT JOIN (
         SELECT a.queue_id,

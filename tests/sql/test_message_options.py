@@ -331,3 +331,13 @@ def test_queue_entries_show_waiting(make_queue):
         states = sorted(r[0] for r in cursor.fetchall())
     assert states == ["ready", "waiting"]
     assert queue.deliveries.count() == 2
+
+
+def test_metrics_count_waiting_deliveries(make_queue, sql):
+    make_queue("#", name="orders")
+    for n in range(3):
+        pgmb.send("k", n, group="g")
+    [(length, visible, total)] = sql(
+        "SELECT queue_length, queue_visible_length, total_messages FROM pgmb.metrics('orders')"
+    )
+    assert (length, visible, total) == (3, 1, 3)

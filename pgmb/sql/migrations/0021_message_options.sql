@@ -563,3 +563,49 @@ FROM pgmb_attempt a
 JOIN pgmb_queue q ON q.id = a.queue_id
 JOIN pgmb_message m ON m.id = a.message_id
 WHERE a.outcome = 'ack';
+
+-- As in 0016, with waiting deliveries in queue_length and total_messages (the leased
+-- part's scan also reads the small partial index pgmb_delivery_waiting).
+CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT q.name::text,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0),
+           r.due,
+           extract(epoch FROM now() - greatest(r.newest, l.newest))::float8,
+           extract(epoch FROM now() - r.oldest_due)::float8,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0) + x.n + a.n,
+           coalesce(l.n, 0),
+           r.retrying,
+           x.n,
+           coalesce(h.delivered, 0),
+           coalesce(h.failed, 0),
+           q.paused,
+           now()
+    FROM pgmb_queue q
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n,
+               count(*) FILTER (WHERE d.available_at <= now()) AS due,
+               count(*) FILTER (WHERE d.attempts > 0) AS retrying,
+               max(d.created_at) AS newest,
+               min(d.created_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+        FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready'
+    ) r
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM pgmb_dead_letter x WHERE x.queue_id = q.id) x
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgmb_attempt a WHERE a.queue_id = q.id AND a.outcome = 'ack'
+    ) a
+    LEFT JOIN (
+        SELECT d.queue_id, count(*) FILTER (WHERE d.state = 'leased') AS n,
+               count(*) FILTER (WHERE d.state = 'waiting') AS waiting,
+               max(d.created_at) AS newest
+        FROM pgmb_delivery d WHERE d.state = 'leased' OR d.state = 'waiting' GROUP BY d.queue_id
+    ) l ON l.queue_id = q.id
+    LEFT JOIN (
+        SELECT a.queue_id,
+               count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
+               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent')) AS failed
+        FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
+    ) h ON h.queue_id = q.id
+    ORDER BY q.name
+$$;

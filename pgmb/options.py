@@ -89,6 +89,16 @@ def check_options(
     retry_delay: float | timedelta | None = None,
 ) -> Options:
     """Return the options checked and normalised, or raise :class:`InvalidOption`."""
+    if (
+        type(priority) is int
+        and priority == 0
+        and group is None
+        and depends_on is None
+        and dedup_id is None
+        and max_retries is None
+        and retry_delay is None
+    ):
+        return NONE  # the common case, on every publish: nothing to check
     priority = _whole(priority, "priority", MIN_PRIORITY, MAX_PRIORITY)
     if group is not None:
         _text(group, "group", MAX_GROUP_LENGTH)

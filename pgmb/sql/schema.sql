@@ -644,7 +644,12 @@ BEGIN
         FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
         WHERE NOT qu.paused AND wk.active
           AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-          AND pgmb.next_due(qu.id) <= t
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
         GROUP BY wk.id
         ORDER BY random()
     LOOP
@@ -1431,27 +1436,31 @@ CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
 $$;
 
 --
--- Name: next_due(uuid); Type: FUNCTION; Schema: pgmb; Owner: -
+-- Name: next_due(uuid, timestamp with time zone); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
-CREATE FUNCTION pgmb.next_due(queue_id uuid) RETURNS timestamp with time zone
-    LANGUAGE sql STABLE
+CREATE FUNCTION pgmb.next_due(queue_id uuid, due_by timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
     AS $$
-    WITH RECURSIVE levels(priority) AS (
-        (SELECT d.priority FROM pgmb_delivery d
-         WHERE d.queue_id = next_due.queue_id AND d.state = 'ready'
-         ORDER BY d.priority LIMIT 1)
-        UNION ALL
-        SELECT (SELECT d.priority FROM pgmb_delivery d
-                WHERE d.queue_id = next_due.queue_id AND d.state = 'ready' AND d.priority > l.priority
-                ORDER BY d.priority LIMIT 1)
-        FROM levels l WHERE l.priority IS NOT NULL
-    )
-    SELECT min((SELECT d.available_at FROM pgmb_delivery d
-                WHERE d.queue_id = next_due.queue_id AND d.state = 'ready' AND d.priority = l.priority
-                ORDER BY d.available_at LIMIT 1))
-    FROM levels l WHERE l.priority IS NOT NULL
-$$;
+DECLARE
+    lvl smallint;
+    due timestamptz;
+    earliest timestamptz;
+BEGIN
+    SELECT d.priority, d.available_at INTO lvl, earliest FROM pgmb_delivery d
+    WHERE d.queue_id = next_due.queue_id AND d.state = 'ready'
+    ORDER BY d.priority, d.available_at LIMIT 1;
+    LOOP
+        -- With due_by: any due time not after it will do (the claim asks only that).
+        EXIT WHEN lvl IS NULL OR earliest <= due_by;
+        SELECT d.priority, d.available_at INTO lvl, due FROM pgmb_delivery d
+        WHERE d.queue_id = next_due.queue_id AND d.state = 'ready' AND d.priority > lvl
+        ORDER BY d.priority, d.available_at LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        earliest := least(earliest, due);
+    END LOOP;
+    RETURN earliest;
+END $$;
 
 --
 -- Name: next_wakeup(text[]); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -2145,8 +2154,12 @@ BEGIN
         RAISE EXCEPTION 'message headers must be a JSON object, not %', jsonb_typeof(headers)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM pgmb.check_message_options(send.id, send.priority, send.group_key, send.depends_on,
-                                       send.dedup_id, send.max_retries, send.retry_delay);
+    -- Only with options: the plain calls of the shorter forms skip the call.
+    IF send.priority IS DISTINCT FROM 0 OR send.group_key IS NOT NULL OR send.depends_on IS NOT NULL
+       OR send.dedup_id IS NOT NULL OR send.max_retries IS NOT NULL OR send.retry_delay IS NOT NULL THEN
+        PERFORM pgmb.check_message_options(send.id, send.priority, send.group_key, send.depends_on,
+                                           send.dedup_id, send.max_retries, send.retry_delay);
+    END IF;
     IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
         RAISE EXCEPTION 'message % already exists', send.id
             USING ERRCODE = 'unique_violation',

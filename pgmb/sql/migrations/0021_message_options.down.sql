@@ -313,7 +313,7 @@ DROP INDEX pgmb_message_dedup;
 ALTER TABLE pgmb_queue DROP CONSTRAINT pgmb_queue_dedup_window_valid;
 ALTER TABLE pgmb_message DROP CONSTRAINT pgmb_message_options_valid;
 
-DROP FUNCTION pgmb.next_due(uuid);
+DROP FUNCTION pgmb.next_due(uuid, timestamptz);
 DROP FUNCTION pgmb.release_dependents(uuid);
 DROP FUNCTION pgmb.release_after(pgmb_delivery);
 DROP FUNCTION pgmb.promote_waiting(bigint[]);

@@ -509,7 +509,8 @@ CREATE FUNCTION pgmb.busy(queue_names text[]) RETURNS boolean
         JOIN pgmb_worker wk ON wk.id = qu.worker_id
         WHERE (queue_names IS NULL OR qu.name = ANY (queue_names))
           AND NOT qu.paused AND wk.active
-          AND (d.state = 'leased' OR d.attempts > 0 OR d.available_at <= clock_timestamp())
+          AND (d.state = 'leased'
+               OR (d.state = 'ready' AND (d.attempts > 0 OR d.available_at <= clock_timestamp())))
     )
 $$;
 

@@ -340,3 +340,25 @@ def test_metrics_count_waiting_deliveries(make_queue, sql):
         "SELECT queue_length, queue_visible_length, total_messages FROM pgmb.metrics('orders')"
     )
     assert (length, visible, total) == (3, 1, 3)
+
+
+def test_a_dependent_held_by_a_dead_letter_is_not_busy(make_queue):
+    make_queue("a", name="qa", max_retries=0)
+    make_queue("b", name="qb")
+    first = pgmb.send("a", 1)
+    pgmb.send("b", 2, depends_on=[first])
+    assert deliveries.busy()
+    _fail(deliveries.claim(["qa"]))
+    # Nothing to do until an operator requeues or purges the dead letter.
+    assert not deliveries.busy()
+
+
+def test_a_replayed_message_keeps_its_options_and_goes_behind_its_group(make_queue):
+    make_queue("#")
+    first = pgmb.send("k", 1, group="g", priority=4)
+    _ack(deliveries.claim())
+    second = pgmb.send("k", 2, group="g")
+    assert deliveries.replay(first) == 1
+    replayed = Delivery.objects.get(message_id=first)
+    assert (replayed.group_key, replayed.priority, replayed.state) == ("g", 4, "waiting")
+    assert _states(second) == ["ready"]

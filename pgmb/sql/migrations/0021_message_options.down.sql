@@ -300,6 +300,18 @@ CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     ORDER BY q.name
 $$;
 
+CREATE OR REPLACE FUNCTION pgmb.busy(queue_names text[]) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE (queue_names IS NULL OR qu.name = ANY (queue_names))
+          AND NOT qu.paused AND wk.active
+          AND (d.state = 'leased' OR d.attempts > 0 OR d.available_at <= clock_timestamp())
+    )
+$$;
+
 CREATE INDEX IF NOT EXISTS pgmb_delivery_due_plain
     ON pgmb_delivery (queue_id, available_at, id) INCLUDE (attempts, created_at)
     WHERE state = 'ready';

@@ -623,3 +623,19 @@ CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     ) h ON h.queue_id = q.id
     ORDER BY q.name
 $$;
+
+-- As in 0001, without waiting deliveries: one held by a dead-lettered dependency has
+-- nothing to do (`pgmb_dispatch --until-idle` would never stop), and one behind a live
+-- delivery is busy through that one.
+CREATE OR REPLACE FUNCTION pgmb.busy(queue_names text[]) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE (queue_names IS NULL OR qu.name = ANY (queue_names))
+          AND NOT qu.paused AND wk.active
+          AND (d.state = 'leased'
+               OR (d.state = 'ready' AND (d.attempts > 0 OR d.available_at <= clock_timestamp())))
+    )
+$$;

@@ -48,7 +48,13 @@ CREATE TABLE {BASELINE_TABLE} (
     body jsonb NOT NULL,
     headers jsonb NOT NULL DEFAULT '{{}}',
     created_at timestamptz NOT NULL DEFAULT now(),
-    available_at timestamptz NOT NULL DEFAULT now()
+    available_at timestamptz NOT NULL DEFAULT now(),
+    priority smallint NOT NULL DEFAULT 0,
+    group_key varchar(128),
+    depends_on uuid[],
+    dedup_id varchar(128),
+    max_retries integer,
+    retry_delay float8
 )
 """
 
@@ -102,8 +108,10 @@ def _baseline_sql(name: str) -> str:
 def _insert(n: int) -> int:
     from django.db import connection
 
-    # The parameters pgmb.send passes: id, key, body, headers, no absolute time, no delay.
+    # The parameters pgmb.send passes: id, key, body, headers, no absolute time, no delay,
+    # no message options.
     params = (uuid.uuid4(), ROUTING_KEYS[n % 3], json.dumps(order_event(n)), "{}", None, None)
+    params += (0, None, None, None, None, None)
     with connection.cursor() as cursor:
         cursor.execute(_baseline_sql("send"), params)
     return 1
@@ -119,6 +127,8 @@ def _insert_batch(n: int) -> int:
         ["{}"] * BATCH,
         [None] * BATCH,
         [None] * BATCH,
+        [0] * BATCH,
+        *([None] * BATCH for _ in range(5)),
     )
     with connection.cursor() as cursor:
         cursor.execute(_baseline_sql("send_batch"), columns)

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
         InvalidBody,
         InvalidDelay,
         InvalidName,
+        InvalidOption,
         InvalidRoutingKey,
         PgmbError,
+        UnknownDependency,
     )
     from .publish import Outgoing, send, send_batch, unrouted
 
@@ -30,9 +32,11 @@ __all__ = [
     "InvalidBody",
     "InvalidDelay",
     "InvalidName",
+    "InvalidOption",
     "InvalidRoutingKey",
     "Outgoing",
     "PgmbError",
+    "UnknownDependency",
     "send",
     "send_batch",
     "unrouted",

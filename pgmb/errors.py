@@ -41,3 +41,9 @@ class AccessDenied(PgmbError, PermissionError):
 
 class UnknownObject(PgmbError, LookupError):
     """A queue or role named in a call does not exist (SQLSTATE 42704)."""
+class InvalidOption(PgmbError, ValueError):
+    """A message option (priority, group, depends_on, dedup id, retries) breaks its rule."""
+
+
+class UnknownDependency(PgmbError, ValueError):
+    """A message depends on a message that does not exist (checked by the database)."""

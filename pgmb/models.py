@@ -95,6 +95,8 @@ DEFAULT_MAX_RETRIES = 5
 DEFAULT_BACKOFF_BASE = 1.0
 DEFAULT_BACKOFF_MAX = 300.0
 DEFAULT_LEASE_SECONDS = 60.0
+#: SQS's five minutes.
+DEFAULT_DEDUP_WINDOW = 300.0
 #: The longest lease and backoff of a queue (30 days), the bound pgmb.prepare_queue() and
 #: the CHECK pgmb_queue_durations_bounded hold in SQL: beyond what PostgreSQL's intervals
 #: can add to a time, one queue's value made every claim or retry fail.
@@ -357,6 +359,14 @@ class Queue(models.Model):
         validators=[MinValueValidator(0.001), *_QUEUE_SECONDS],
     )
     paused = models.BooleanField(default=False)
+    #: Seconds in which a message with the dedup id of an earlier one is dropped
+    #: (docs/ordering.md); 0 turns de-duplication off for this queue.
+    dedup_window = models.FloatField(
+        _("de-duplication window (s)"),
+        default=DEFAULT_DEDUP_WINDOW,
+        db_default=DEFAULT_DEDUP_WINDOW,
+        validators=[MinValueValidator(0), *_QUEUE_SECONDS],
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -430,6 +440,31 @@ class Message(models.Model):
     available_at = models.DateTimeField(
         help_text=_("Not delivered before this time (delayed messages).")
     )
+    # The message options (docs/ordering.md); NULL (or 0) for a message without them, which
+    # the triggers' WHEN clauses let through untouched.
+    priority = models.SmallIntegerField(
+        default=0, db_default=0, help_text=_("Lower is delivered first.")
+    )
+    # NULL, not "": the triggers' WHEN clauses and partial indexes test IS NOT NULL.
+    group_key = models.CharField(  # noqa: DJ001
+        _("group"),
+        max_length=128,
+        null=True,
+        blank=True,
+        help_text=_("Messages of one group are delivered one at a time, in publish order."),
+    )
+    depends_on = ArrayField(
+        models.UUIDField(),
+        null=True,
+        blank=True,
+        help_text=_("Messages that must be settled before this one is delivered."),
+    )
+    dedup_id = models.CharField(  # noqa: DJ001
+        _("de-duplication id"), max_length=128, null=True, blank=True
+    )
+    #: Used by failures instead of the queue's max_retries and backoff when set.
+    max_retries = models.IntegerField(null=True, blank=True)
+    retry_delay = models.FloatField(_("retry delay (s)"), null=True, blank=True)
 
     class Meta:
         db_table = "pgmb_message"
@@ -456,7 +491,15 @@ class Message(models.Model):
                 when=pgtrigger.After,
                 operation=pgtrigger.Insert,
                 referencing=pgtrigger.Referencing(new="new_messages"),
-            )
+            ),
+            _trigger(
+                "admit_message",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert,
+                condition=pgtrigger.Condition(
+                    "NEW.depends_on IS NOT NULL OR NEW.dedup_id IS NOT NULL"
+                ),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -473,6 +516,8 @@ class Delivery(models.Model):
     class State(models.TextChoices):
         READY = "ready", _("ready")
         LEASED = "leased", _("leased")
+        #: Behind an earlier member of its group, or its dependencies are not settled.
+        WAITING = "waiting", _("waiting")
 
     id = models.BigAutoField(primary_key=True)
     # No database FK to the message: the routing trigger creates deliveries only from rows
@@ -509,6 +554,14 @@ class Delivery(models.Model):
     #: Leases of this delivery that expired before their request was marked started, and
     #: were not counted: at most 2, later ones count (docs/decisions.md).
     unsent_leases = models.SmallIntegerField(default=0, db_default=0, editable=False)
+    # The message's options that claims and waiting need, copied by the routing trigger.
+    priority = models.SmallIntegerField(default=0, db_default=0, editable=False)
+    group_key = models.CharField(  # noqa: DJ001
+        _("group"), max_length=128, null=True, blank=True, editable=False
+    )
+    depends_on = ArrayField(models.UUIDField(), null=True, blank=True, editable=False)
+    #: Some waiting delivery depends on this one's message: its removal releases them.
+    dependents = models.BooleanField(default=False, db_default=False, editable=False)
 
     class Meta:
         db_table = "pgmb_delivery"
@@ -522,7 +575,7 @@ class Delivery(models.Model):
             # What pgmb.metrics_all() counts rides along (migration 0013): a queue's
             # figures are an index-only scan of its entries.
             models.Index(
-                fields=["queue", "available_at", "id"],
+                fields=["queue", "priority", "available_at", "id"],
                 name="pgmb_delivery_due",
                 condition=models.Q(state="ready"),
                 include=["attempts", "created_at"],
@@ -531,6 +584,24 @@ class Delivery(models.Model):
                 fields=["available_at"],
                 name="pgmb_delivery_leased",
                 condition=models.Q(state="leased"),
+            ),
+        ]
+        # Waiting (migration 0025): a group's or a message's settlement releases the
+        # deliveries behind it. Rows without a group or dependents never fire these.
+        triggers = [
+            _trigger(
+                "hold_delivery",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert,
+                condition=pgtrigger.Condition(
+                    "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
+                ),
+            ),
+            _trigger(
+                "release_after_delivery",
+                when=pgtrigger.After,
+                operation=pgtrigger.Delete,
+                condition=pgtrigger.Condition("OLD.group_key IS NOT NULL OR OLD.dependents"),
             ),
         ]
 
@@ -570,6 +641,11 @@ class DeadLetter(models.Model):
         ]
         # The admin's list, newest first (migration 0013's SQL).
         indexes = [models.Index(fields=["created_at", "id"], name="pgmb_dead_letter_created")]
+        # A dead letter of a dependency holds its dependents until requeued and settled, or
+        # purged (migration 0025).
+        triggers = [
+            _trigger("release_after_dead_letter", when=pgtrigger.After, operation=pgtrigger.Delete)
+        ]
 
     def __str__(self) -> str:
         return f"{self.message_id} ✗ {self.queue_id}"

@@ -18,8 +18,9 @@ from django.db import IntegrityError, connections
 
 from . import conf, sql
 from .durations import check_seconds
-from .errors import DuplicateMessage, InvalidBody, InvalidDelay
+from .errors import DuplicateMessage, InvalidBody, InvalidDelay, UnknownDependency
 from .ids import uuid7
+from .options import Options, check_options
 from .routing import validate_routing_key
 
 #: Seconds, a ``timedelta``, or an aware ``datetime`` (not delivered before then).
@@ -35,6 +36,16 @@ class Outgoing:
     headers: Mapping[str, Any] | None = None
     delay: Delay = None
     message_id: uuid.UUID | str | None = None
+    #: The message options of :func:`send` (docs/ordering.md).
+    priority: int = 0
+    group: str | None = None
+    depends_on: Iterable[uuid.UUID | str] | None = None
+    dedup_id: str | None = None
+    max_retries: int | None = None
+    retry_delay: float | timedelta | None = None
+
+
+_FIELDS = frozenset(Outgoing.__dataclass_fields__)
 
 
 def _dumps(value: Any, what: str) -> str:
@@ -78,11 +89,28 @@ def _message_id(message_id: uuid.UUID | str | None) -> uuid.UUID:
         raise InvalidBody(f"message id {message_id!r} is not a UUID") from exc
 
 
-def _duplicate(exc: IntegrityError) -> DuplicateMessage | None:
+def _duplicate(exc: IntegrityError) -> DuplicateMessage | UnknownDependency | None:
     diag = getattr(exc.__cause__, "diag", None)
     if diag is not None and diag.constraint_name == "pgmb_message_pkey":
         return DuplicateMessage(f"a message with this id already exists: {diag.message_detail}")
+    if (
+        diag is not None
+        and diag.sqlstate == "23503"
+        and "depends on" in (diag.message_primary or "")
+    ):
+        return UnknownDependency(diag.message_primary)
     return None
+
+
+def _option_params(options: Options) -> tuple[Any, ...]:
+    return (
+        options.priority,
+        options.group,
+        options.depends_on,
+        options.dedup_id,
+        options.max_retries,
+        options.retry_delay,
+    )
 
 
 def send(
@@ -92,6 +120,12 @@ def send(
     headers: Mapping[str, Any] | None = None,
     delay: Delay = None,
     message_id: uuid.UUID | str | None = None,
+    priority: int = 0,
+    group: str | None = None,
+    depends_on: Iterable[uuid.UUID | str] | None = None,
+    dedup_id: str | None = None,
+    max_retries: int | None = None,
+    retry_delay: float | timedelta | None = None,
     using: str | None = None,
 ) -> uuid.UUID:
     """Publish one message and return its id. One query, in the caller's transaction.
@@ -100,17 +134,37 @@ def send(
     mapping passed on to the worker; ``delay`` seconds, a ``timedelta`` or an aware
     ``datetime`` before which the message is not delivered.
 
+    The message options (docs/ordering.md): ``priority`` (lower first, 0 by default);
+    ``group``, whose messages a queue delivers one at a time in publish order;
+    ``depends_on``, message ids that must be settled first; ``dedup_id``, which drops the
+    message if one with the same id was published within a matching queue's dedup window
+    (the existing message's id is returned, a second query); ``max_retries`` and
+    ``retry_delay`` (seconds between attempts), used instead of the queue's.
+
     Raises :class:`~pgmb.errors.InvalidRoutingKey`, :class:`~pgmb.errors.InvalidBody`,
-    :class:`~pgmb.errors.InvalidDelay` before touching the database, and
-    :class:`~pgmb.errors.DuplicateMessage` if ``message_id`` is taken.
+    :class:`~pgmb.errors.InvalidDelay`, :class:`~pgmb.errors.InvalidOption` before touching
+    the database, :class:`~pgmb.errors.DuplicateMessage` if ``message_id`` is taken, and
+    :class:`~pgmb.errors.UnknownDependency` if a ``depends_on`` message does not exist.
     """
     validate_routing_key(routing_key)
     mid = _message_id(message_id)
     seconds, at = _delay(delay)
+    options = check_options(
+        mid,
+        priority=priority,
+        group=group,
+        depends_on=depends_on,
+        dedup_id=dedup_id,
+        max_retries=max_retries,
+        retry_delay=retry_delay,
+    )
     params = (mid, routing_key, _dumps(body, "body"), _headers(headers), at, seconds)
     try:
         with connections[using or conf.get().DATABASE].cursor() as cursor:
-            cursor.execute(sql.query("publish.sql", "send"), params)
+            cursor.execute(sql.query("publish.sql", "send"), params + _option_params(options))
+            if cursor.fetchone() is None:
+                cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id,))
+                return uuid.UUID(str(cursor.fetchone()[0]))
     except IntegrityError as exc:
         raise (_duplicate(exc) or exc) from exc
     return mid
@@ -143,11 +197,12 @@ def _outgoing(item: Outgoing | Mapping[str, Any] | tuple) -> Outgoing:
     if isinstance(item, Outgoing):
         return item
     if isinstance(item, Mapping):
-        unknown = set(item) - {"routing_key", "body", "headers", "delay", "message_id"}
+        unknown = set(item) - _FIELDS
         if unknown or "routing_key" not in item or "body" not in item:
+            optional = ", ".join(sorted(_FIELDS - {"routing_key", "body"}))
             raise InvalidBody(
-                "each message needs 'routing_key' and 'body' (optional: headers, delay, "
-                f"message_id); got keys {sorted(item)}"
+                f"each message needs 'routing_key' and 'body' (optional: {optional}); "
+                f"got keys {sorted(item)}"
             )
         return Outgoing(**item)
     if isinstance(item, tuple) and len(item) == 2:
@@ -164,27 +219,52 @@ def send_batch(
 
     Items are :class:`Outgoing`, mappings with the same keys, or ``(routing_key, body)``
     pairs. Every item is validated before anything is written: one bad item publishes none.
+    A message may depend on one earlier in the same batch. A duplicate (``dedup_id``) gets
+    the id of the message it duplicates, looked up in one more query per duplicate.
     """
-    columns: tuple[list, ...] = ([], [], [], [], [], [])
+    columns: tuple[list, ...] = ([], [], [], [], [], [], [], [], [], [], [], [])
     for item in messages:
         out = _outgoing(item)
         validate_routing_key(out.routing_key)
         seconds, at = _delay(out.delay)
+        mid = _message_id(out.message_id)
+        options = check_options(
+            mid,
+            priority=out.priority,
+            group=out.group,
+            depends_on=out.depends_on,
+            dedup_id=out.dedup_id,
+            max_retries=out.max_retries,
+            retry_delay=out.retry_delay,
+        )
         row = (
-            _message_id(out.message_id),
+            mid,
             out.routing_key,
             _dumps(out.body, "body"),
             _headers(out.headers),
             at,
             seconds,
+            *_option_params(options),
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)
     if not columns[0]:
         return []
+    ids: list[uuid.UUID] = columns[0]
+    # uuid[] of one message each: sent as array texts, see publish.sql.
+    deps = columns[8]
+    for i, dep in enumerate(deps):
+        if dep is not None:
+            deps[i] = "{" + ",".join(str(d) for d in dep) + "}"
     try:
         with connections[using or conf.get().DATABASE].cursor() as cursor:
             cursor.execute(sql.query("publish.sql", "send_batch"), columns)
+            if any(d is not None for d in columns[9]):
+                stored = {uuid.UUID(str(row[0])) for row in cursor.fetchall()}
+                for i, mid in enumerate(ids):
+                    if mid not in stored:
+                        cursor.execute(sql.query("publish.sql", "deduplicated"), (columns[9][i],))
+                        ids[i] = uuid.UUID(str(cursor.fetchone()[0]))
     except IntegrityError as exc:
         raise (_duplicate(exc) or exc) from exc
-    return columns[0]
+    return ids

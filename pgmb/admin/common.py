@@ -168,10 +168,12 @@ def pretty_json(value: Any) -> SafeString:
 
 
 def delivery_status(state: str, available_at: Any) -> str:
-    """ready / delayed / leased, as in the SQL view pgmb.queue_entries.
+    """ready / delayed / leased / waiting, as in the SQL view pgmb.queue_entries.
 
     A lease that has run out is shown as ready: the delivery can be claimed again.
     """
+    if state == "waiting":
+        return "waiting"
     if available_at <= now():
         return "ready"
     return "leased" if state == "leased" else "delayed"

@@ -89,9 +89,9 @@ class WorkerFilter(QueueFilter):
         return Q(queue_id__in=list(ids))
 
 
-#: A delivery is ready or leased (the CHECK pgmb_delivery_state_valid): the rows of
-#: pgmb_delivery_due and of pgmb_delivery_leased.
-DELIVERY_PARTS = Q(state="ready") | Q(state="leased")
+#: A delivery is ready, leased or waiting (the CHECK pgmb_delivery_state_valid): the rows
+#: of pgmb_delivery_due, pgmb_delivery_leased and pgmb_delivery_waiting.
+DELIVERY_PARTS = Q(state="ready") | Q(state="leased") | Q(state="waiting")
 #: An attempt is acknowledged or not: the rows of pgmb_attempt_acked and of
 #: pgmb_attempt_failed.
 ATTEMPT_PARTS = Q(outcome="ack") | ~Q(outcome="ack")
@@ -114,7 +114,7 @@ class AttemptWorkerFilter(WorkerFilter):
 
 
 class DeliveryStatusFilter(admin.SimpleListFilter):
-    """ready / delayed / leased, as the status column shows them
+    """ready / delayed / leased / waiting, as the status column shows them
     (:func:`pgmb.admin.common.delivery_status`): a lease that ran out is ready."""
 
     title = _("status")
@@ -123,16 +123,23 @@ class DeliveryStatusFilter(admin.SimpleListFilter):
     def lookups(
         self, request: HttpRequest, model_admin: admin.ModelAdmin
     ) -> Iterable[tuple[str, StrOrPromise]]:
-        return (("ready", _("ready")), ("delayed", _("delayed")), ("leased", _("leased")))
+        return (
+            ("ready", _("ready")),
+            ("delayed", _("delayed")),
+            ("leased", _("leased")),
+            ("waiting", _("waiting")),
+        )
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
         moment = now()
         if self.value() == "ready":
-            return queryset.filter(DELIVERY_PARTS, available_at__lte=moment)
+            return queryset.filter(Q(state="ready") | Q(state="leased"), available_at__lte=moment)
         if self.value() == "delayed":
             return queryset.filter(state="ready", available_at__gt=moment)
         if self.value() == "leased":
             return queryset.filter(state="leased", available_at__gt=moment)
+        if self.value() == "waiting":
+            return queryset.filter(state="waiting")
         return None
 
 

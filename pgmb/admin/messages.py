@@ -189,6 +189,13 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
         "is_routed",
         "pretty_body",
         "pretty_headers",
+        # The message options (docs/ordering.md).
+        "priority",
+        "group_key",
+        "depends_on",
+        "dedup_id",
+        "max_retries",
+        "retry_delay",
     )
     readonly_fields = fields
     inlines = (DeliveryInline, DeadLetterInline, AttemptInline)
@@ -272,6 +279,8 @@ class DeliveryAdmin(_ByMessageAdmin):
         "message_ref",
         "queue",
         "status",
+        "priority",
+        "group_key",
         "attempts",
         "available_at",
         "created_at",

@@ -254,6 +254,7 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
             _("Retries"),
             {"fields": ("max_retries", "backoff_base", "backoff_max", "lease_seconds")},
         ),
+        (_("Message options"), {"fields": ("dedup_window",)}),
         (_("Monitoring"), {"fields": ("sql_views", "id", "created_at")}),
     )
 

@@ -27,6 +27,26 @@ SET default_tablespace = '';
 SET default_table_access_method = heap;
 
 --
+-- Name: pgmb_message; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.pgmb_message (
+    id uuid NOT NULL,
+    routing_key character varying(255) NOT NULL,
+    body jsonb NOT NULL,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    available_at timestamp with time zone DEFAULT now() NOT NULL,
+    dedup_id character varying(128),
+    depends_on uuid[],
+    group_key character varying(128),
+    max_retries integer,
+    priority smallint DEFAULT 0 NOT NULL,
+    retry_delay double precision,
+    CONSTRAINT pgmb_message_headers_object CHECK ((jsonb_typeof(headers) = 'object'::text))
+);
+
+--
 -- Name: pgmb_worker; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -70,6 +90,31 @@ CREATE TABLE public.pgmb_worker (
 );
 
 --
+-- Name: pgmb_delivery; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.pgmb_delivery (
+    id bigint NOT NULL,
+    state character varying(8) DEFAULT 'ready'::character varying NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    available_at timestamp with time zone NOT NULL,
+    lease_id uuid,
+    last_status integer,
+    last_error text DEFAULT ''::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    message_id uuid NOT NULL,
+    queue_id uuid NOT NULL,
+    started boolean DEFAULT false NOT NULL,
+    unsent_leases smallint DEFAULT 0 NOT NULL,
+    dependents boolean DEFAULT false NOT NULL,
+    depends_on uuid[],
+    group_key character varying(128),
+    priority smallint DEFAULT 0 NOT NULL,
+    CONSTRAINT pgmb_delivery_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT pgmb_delivery_state_valid CHECK (((state)::text = ANY ('{ready,leased,waiting}'::text[])))
+);
+
+--
 -- Name: pgmb_queue; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -86,7 +131,9 @@ CREATE TABLE public.pgmb_queue (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     worker_id uuid,
     literal_words text[] DEFAULT '{}'::text[] NOT NULL,
+    dedup_window double precision DEFAULT 300.0 NOT NULL,
     CONSTRAINT pgmb_queue_backoff_valid CHECK (((backoff_base >= (0)::double precision) AND (backoff_max >= backoff_base))),
+    CONSTRAINT pgmb_queue_dedup_window_valid CHECK (((dedup_window >= (0)::double precision) AND (dedup_window <= (2592000)::double precision))),
     CONSTRAINT pgmb_queue_lease_positive CHECK ((lease_seconds > (0)::double precision)),
     CONSTRAINT pgmb_queue_max_retries_check CHECK ((max_retries >= 0)),
     CONSTRAINT pgmb_queue_retries_not_negative CHECK ((max_retries >= 0))
@@ -105,20 +152,6 @@ CREATE TABLE public.pgmb_dead_letter (
     message_id uuid NOT NULL,
     queue_id uuid NOT NULL,
     CONSTRAINT pgmb_dead_letter_attempts_check CHECK ((attempts >= 0))
-);
-
---
--- Name: pgmb_message; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.pgmb_message (
-    id uuid NOT NULL,
-    routing_key character varying(255) NOT NULL,
-    body jsonb NOT NULL,
-    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    available_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT pgmb_message_headers_object CHECK ((jsonb_typeof(headers) = 'object'::text))
 );
 
 --
@@ -156,27 +189,6 @@ CREATE TABLE public.pgmb_attempt (
     message_id uuid NOT NULL,
     queue_id uuid NOT NULL,
     CONSTRAINT pgmb_attempt_attempt_check CHECK ((attempt >= 0))
-);
-
---
--- Name: pgmb_delivery; Type: TABLE; Schema: public; Owner: -
---
-
-CREATE TABLE public.pgmb_delivery (
-    id bigint NOT NULL,
-    state character varying(8) DEFAULT 'ready'::character varying NOT NULL,
-    attempts integer DEFAULT 0 NOT NULL,
-    available_at timestamp with time zone NOT NULL,
-    lease_id uuid,
-    last_status integer,
-    last_error text DEFAULT ''::text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    message_id uuid NOT NULL,
-    queue_id uuid NOT NULL,
-    started boolean DEFAULT false NOT NULL,
-    unsent_leases smallint DEFAULT 0 NOT NULL,
-    CONSTRAINT pgmb_delivery_attempts_check CHECK ((attempts >= 0)),
-    CONSTRAINT pgmb_delivery_state_valid CHECK (((state)::text = ANY ('{ready,leased}'::text[])))
 );
 
 --
@@ -489,6 +501,42 @@ BEGIN
 END $$;
 
 --
+-- Name: admit_message(public.pgmb_message); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.admit_message(m public.pgmb_message) RETURNS public.pgmb_message
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    missing uuid;
+    window_seconds float8;
+BEGIN
+    IF m.depends_on IS NOT NULL THEN
+        SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
+        WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
+                USING ERRCODE = 'foreign_key_violation',
+                      HINT = 'Publish the messages it depends on first (earlier in the same batch is fine).';
+        END IF;
+    END IF;
+    IF m.dedup_id IS NOT NULL THEN
+        -- Concurrent publishers of one dedup id take turns; the second sees the first.
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgmb dedup ' || m.dedup_id, 0));
+        SELECT max(q.dedup_window) INTO window_seconds FROM pgmb_queue q
+        WHERE q.literal_words <@ string_to_array(m.routing_key, '.')
+          AND ('.' || m.routing_key) ~ q.pattern;
+        IF window_seconds > 0 AND EXISTS (
+            SELECT FROM pgmb_message x
+            WHERE x.dedup_id = m.dedup_id AND x.id <> m.id
+              AND x.created_at > coalesce(m.created_at, now()) - window_seconds * interval '1 second') THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN m;
+END $$;
+
+--
 -- Name: archive(text, bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -783,7 +831,8 @@ CREATE FUNCTION pgmb.busy(queue_names text[]) RETURNS boolean
         JOIN pgmb_worker wk ON wk.id = qu.worker_id
         WHERE (queue_names IS NULL OR qu.name = ANY (queue_names))
           AND NOT qu.paused AND wk.active
-          AND (d.state = 'leased' OR d.attempts > 0 OR d.available_at <= clock_timestamp())
+          AND (d.state = 'leased'
+               OR (d.state = 'ready' AND (d.attempts > 0 OR d.available_at <= clock_timestamp())))
     )
 $$;
 
@@ -901,6 +950,23 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN key;
+END $$;
+
+--
+-- Name: check_message_options(uuid, integer, text, uuid[], text, integer, double precision); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.check_message_options(message_id uuid, priority integer, group_key text, depends_on uuid[], dedup_id text, max_retries integer, retry_delay double precision) RETURNS boolean
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+DECLARE
+    problem text := pgmb.message_options_problem(message_id, priority, group_key, depends_on,
+                                                 dedup_id, max_retries, retry_delay);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN true;
 END $$;
 
 --
@@ -1036,8 +1102,12 @@ BEGIN
         WHERE NOT qu.paused AND wk.active
           AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (0022)
           AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-          AND EXISTS (SELECT 1 FROM pgmb_delivery d
-                      WHERE d.queue_id = qu.id AND d.state = 'ready' AND d.available_at <= t)
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
         GROUP BY wk.id
         ORDER BY random()
     LOOP
@@ -1063,9 +1133,9 @@ BEGIN
             WITH picked AS (
                 SELECT d.id FROM pgmb_delivery d
                 WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                ORDER BY d.available_at, d.id
+                ORDER BY d.priority, d.available_at, d.id
                 LIMIT tokens
-                FOR UPDATE SKIP LOCKED
+                FOR NO KEY UPDATE SKIP LOCKED
             ), leased AS (
                 -- The attempt is counted now and handed back if the lease expires unstarted.
                 UPDATE pgmb_delivery d
@@ -1073,12 +1143,12 @@ BEGIN
                     available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
                 FROM picked, pgmb_queue qu
                 WHERE d.id = picked.id AND qu.id = d.queue_id
-                RETURNING d.id, d.attempts, 1 + qu.max_retries AS max_attempts, d.queue_id, qu.name,
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
                           d.message_id, qu.lease_seconds
             )
-            SELECT l.id, lease, l.attempts, l.max_attempts, l.queue_id, l.name::text, m.id,
-                   m.routing_key::text, m.body::text, m.headers, m.created_at, wk.id,
-                   wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
             FROM leased l
             JOIN pgmb_message m ON m.id = l.message_id
             JOIN pgmb_worker wk ON wk.id = w.id;
@@ -1244,6 +1314,17 @@ CREATE FUNCTION pgmb.cron_version() RETURNS integer[]
 $$;
 
 --
+-- Name: deduplicated(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.deduplicated(dedup_id text) RETURNS uuid
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT m.id FROM pgmb_message m WHERE m.dedup_id = deduplicated.dedup_id
+    ORDER BY m.created_at DESC, m.id DESC LIMIT 1
+$$;
+
+--
 -- Name: delete(text, bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1263,6 +1344,23 @@ CREATE FUNCTION pgmb.delete(queue_name text, delivery_id bigint) RETURNS boolean
     SET search_path TO 'public', 'pg_temp'
     AS $$
     SELECT EXISTS (SELECT FROM pgmb.delete(queue_name, ARRAY[delivery_id]))
+$$;
+
+--
+-- Name: delivery_blocked(bigint, uuid, text, uuid[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.delivery_blocked(delivery_id bigint, queue_id uuid, group_key text, depends_on uuid[]) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT (group_key IS NOT NULL AND EXISTS (
+                SELECT FROM pgmb_delivery h
+                WHERE h.queue_id = delivery_blocked.queue_id AND h.group_key = delivery_blocked.group_key
+                  AND h.id < delivery_id))
+        OR (depends_on IS NOT NULL AND (
+                EXISTS (SELECT FROM pgmb_delivery x WHERE x.message_id = ANY (delivery_blocked.depends_on))
+                OR EXISTS (SELECT FROM pgmb_dead_letter x
+                           WHERE x.message_id = ANY (delivery_blocked.depends_on))))
 $$;
 
 --
@@ -1585,6 +1683,17 @@ BEGIN
 END $$;
 
 --
+-- Name: has_dependents(uuid); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.has_dependents(message_id uuid) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (SELECT FROM pgmb_delivery w
+                   WHERE w.depends_on @> ARRAY[has_dependents.message_id] AND w.state = 'waiting')
+$$;
+
+--
 -- Name: hmac_sha256(bytea, bytea); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1604,6 +1713,42 @@ BEGIN
         outer_pad := set_byte(outer_pad, i, get_byte(k, i) # 92);   -- 0x5c
     END LOOP;
     RETURN sha256(outer_pad || sha256(inner_pad || data));
+END $$;
+
+--
+-- Name: hold_delivery(public.pgmb_delivery); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.hold_delivery(d public.pgmb_delivery) RETURNS public.pgmb_delivery
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    previous bigint;
+BEGIN
+    IF d.group_key IS NOT NULL THEN
+        -- Publishers of one group take turns, so two cannot both start an empty group.
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgmb group ' || d.queue_id || ' ' || d.group_key, 0));
+        LOOP
+            SELECT p.id INTO previous FROM pgmb_delivery p
+            WHERE p.queue_id = d.queue_id AND p.group_key = d.group_key AND p.id < d.id
+            ORDER BY p.id DESC LIMIT 1
+            FOR KEY SHARE;
+            -- Nothing locked: the group is empty, or its last member left meanwhile.
+            EXIT WHEN FOUND OR NOT EXISTS (
+                SELECT FROM pgmb_delivery p
+                WHERE p.queue_id = d.queue_id AND p.group_key = d.group_key AND p.id < d.id);
+        END LOOP;
+    END IF;
+    IF d.depends_on IS NOT NULL THEN
+        -- Marks (and so locks) the dependencies' live deliveries: their removal releases
+        -- this one (the AFTER DELETE trigger fires for marked rows only).
+        UPDATE pgmb_delivery x SET dependents = true
+        WHERE x.message_id = ANY (d.depends_on) AND x.id <> d.id;
+    END IF;
+    IF pgmb.delivery_blocked(d.id, d.queue_id, d.group_key, d.depends_on) THEN
+        d.state := 'waiting';
+    END IF;
+    RETURN d;
 END $$;
 
 --
@@ -1761,6 +1906,50 @@ BEGIN
 END $$;
 
 --
+-- Name: message_options_problem(uuid, integer, text, uuid[], text, integer, double precision); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.message_options_problem(message_id uuid, priority integer, group_key text, depends_on uuid[], dedup_id text, max_retries integer, retry_delay double precision) RETURNS text
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+BEGIN
+    IF priority IS NULL OR priority NOT BETWEEN -32768 AND 32767 THEN
+        RETURN format('invalid priority %s: it must be a whole number from -32768 to 32767 (lower goes first)',
+                      coalesce(priority::text, 'NULL'));
+    END IF;
+    IF group_key IS NOT NULL AND (length(group_key) > 128 OR NOT pgmb.valid_key(group_key)) THEN
+        RETURN format('invalid group %s: 1 to 128 characters, no blanks or control characters',
+                      quote_literal(group_key));
+    END IF;
+    IF dedup_id IS NOT NULL AND (length(dedup_id) > 128 OR NOT pgmb.valid_key(dedup_id)) THEN
+        RETURN format('invalid dedup id %s: 1 to 128 characters, no blanks or control characters',
+                      quote_literal(dedup_id));
+    END IF;
+    IF max_retries IS NOT NULL AND max_retries NOT BETWEEN 0 AND 1000000 THEN
+        RETURN format('invalid max_retries %s: it must be from 0 to 1000000', max_retries);
+    END IF;
+    IF retry_delay IS NOT NULL THEN
+        -- The delay rule (pgmb.check_delay), and at most the 30 days of a queue's backoff.
+        IF retry_delay = 'NaN'::float8 OR retry_delay IN ('Infinity'::float8, '-Infinity'::float8)
+           OR retry_delay < 0 OR retry_delay > 2592000 THEN
+            RETURN format('invalid retry delay %s: it must be from 0 to 2592000 seconds (30 days)', retry_delay);
+        END IF;
+    END IF;
+    IF depends_on IS NOT NULL THEN
+        IF cardinality(depends_on) = 0 OR cardinality(depends_on) > 100 THEN
+            RETURN 'invalid depends_on: name 1 to 100 messages (or none at all: NULL)';
+        END IF;
+        IF array_position(depends_on, NULL) IS NOT NULL THEN
+            RETURN 'invalid depends_on: a message id is NULL';
+        END IF;
+        IF message_id = ANY (depends_on) THEN
+            RETURN format('invalid depends_on: message %s cannot depend on itself', message_id);
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
+--
 -- Name: metrics(text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -1787,11 +1976,11 @@ CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     LANGUAGE sql STABLE
     AS $$
     SELECT q.name::text,
-           r.n + coalesce(l.n, 0),
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0),
            r.due,
            extract(epoch FROM now() - greatest(r.newest, l.newest))::float8,
            extract(epoch FROM now() - r.oldest_due)::float8,
-           r.n + coalesce(l.n, 0) + x.n + a.n,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0) + x.n + a.n,
            coalesce(l.n, 0),
            r.retrying,
            x.n,
@@ -1813,8 +2002,10 @@ CREATE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
         SELECT count(*) AS n FROM pgmb_attempt a WHERE a.queue_id = q.id AND a.outcome = 'ack'
     ) a
     LEFT JOIN (
-        SELECT d.queue_id, count(*) AS n, max(d.created_at) AS newest
-        FROM pgmb_delivery d WHERE d.state = 'leased' GROUP BY d.queue_id
+        SELECT d.queue_id, count(*) FILTER (WHERE d.state = 'leased') AS n,
+               count(*) FILTER (WHERE d.state = 'waiting') AS waiting,
+               max(d.created_at) AS newest
+        FROM pgmb_delivery d WHERE d.state = 'leased' OR d.state = 'waiting' GROUP BY d.queue_id
     ) l ON l.queue_id = q.id
     LEFT JOIN (
         SELECT a.queue_id,
@@ -1850,11 +2041,13 @@ BEGIN
         FROM unnest(delivery_ids, read_counts, coalesce(errors, array_fill(NULL::text, ARRAY[cardinality(delivery_ids)])))
             AS u(id, read_ct, error)
     ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.error, d.attempts >= 1 + qu.max_retries AS exhausted,
-               qu.backoff_base, qu.backoff_max
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.error,
+               d.attempts >= 1 + coalesce(m.max_retries, qu.max_retries) AS exhausted,
+               qu.backoff_base, qu.backoff_max, m.retry_delay
         FROM input u
         JOIN pgmb_delivery d ON d.id = u.id AND d.attempts = u.read_ct AND d.state = 'ready'
         JOIN pgmb_queue qu ON qu.id = d.queue_id AND qu.id = q.id
+        JOIN pgmb_message m ON m.id = d.message_id
         FOR UPDATE OF d
     ), dead AS (
         DELETE FROM pgmb_delivery d USING target t WHERE d.id = t.id AND t.exhausted
@@ -1871,7 +2064,8 @@ BEGIN
         UPDATE pgmb_delivery d
         SET last_status = NULL, last_error = t.error,
             available_at = clock_timestamp()
-                + pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max) * interval '1 second'
+                + coalesce(t.retry_delay, pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max))
+                  * interval '1 second'
         FROM target t
         WHERE d.id = t.id AND NOT t.exhausted
         RETURNING 1
@@ -1884,6 +2078,33 @@ BEGIN
     )
     SELECT count(*)::integer INTO settled FROM history;
     RETURN settled;
+END $$;
+
+--
+-- Name: next_due(uuid, timestamp with time zone); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.next_due(queue_id uuid, due_by timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    lvl smallint;
+    due timestamptz;
+    earliest timestamptz;
+BEGIN
+    SELECT d.priority, d.available_at INTO lvl, earliest FROM pgmb_delivery d
+    WHERE d.queue_id = next_due.queue_id AND d.state = 'ready'
+    ORDER BY d.priority, d.available_at LIMIT 1;
+    LOOP
+        -- With due_by: any due time not after it will do (the claim asks only that).
+        EXIT WHEN lvl IS NULL OR earliest <= due_by;
+        SELECT d.priority, d.available_at INTO lvl, due FROM pgmb_delivery d
+        WHERE d.queue_id = next_due.queue_id AND d.state = 'ready' AND d.priority > lvl
+        ORDER BY d.priority, d.available_at LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        earliest := least(earliest, due);
+    END LOOP;
+    RETURN earliest;
 END $$;
 
 --
@@ -1901,8 +2122,7 @@ BEGIN
                     THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
                END AS at
         FROM (
-            SELECT (SELECT min(d.available_at) FROM pgmb_delivery d
-                    WHERE d.queue_id = qu.id AND d.state = 'ready') AS due,
+            SELECT pgmb.next_due(qu.id) AS due,
                    wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
             FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
             WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
@@ -2105,6 +2325,35 @@ BEGIN
 END $_$;
 
 --
+-- Name: promote_waiting(bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.promote_waiting(delivery_ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    candidate bigint;
+    promoted integer := 0;
+BEGIN
+    FOR candidate IN SELECT DISTINCT c FROM unnest(delivery_ids) AS c WHERE c IS NOT NULL ORDER BY c LOOP
+        -- Locked first, judged in the next statement: two settlements that each release
+        -- half of its conditions take turns, and the second sees the first's.
+        PERFORM FROM pgmb_delivery w WHERE w.id = candidate AND w.state = 'waiting' FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE pgmb_delivery w SET state = 'ready'
+        WHERE w.id = candidate AND w.state = 'waiting'
+          AND NOT pgmb.delivery_blocked(w.id, w.queue_id, w.group_key, w.depends_on);
+        IF FOUND THEN
+            promoted := promoted + 1;
+        END IF;
+    END LOOP;
+    IF promoted > 0 THEN
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+    RETURN promoted;
+END $$;
+
+--
 -- Name: pull_next_visible(text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -2114,15 +2363,16 @@ CREATE FUNCTION pgmb.pull_next_visible(queue_name text) RETURNS double precision
     AS $$
 DECLARE
     q record;
+    due timestamptz;
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
     IF q.paused THEN
         RETURN NULL;
     END IF;
-    -- greatest() skips NULLs: an empty queue's min() must stay NULL.
-    RETURN (SELECT CASE WHEN min(d.available_at) IS NOT NULL
-                        THEN greatest(0, extract(epoch FROM min(d.available_at) - clock_timestamp()))::float8 END
-            FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready');
+    -- The claim index leads with priority: one probe per priority in use (pgmb.next_due),
+    -- not a scan of every entry for their minimum.
+    due := pgmb.next_due(q.id);
+    RETURN CASE WHEN due IS NOT NULL THEN greatest(0, extract(epoch FROM due - clock_timestamp()))::float8 END;
 END $$;
 
 --
@@ -2232,8 +2482,16 @@ BEGIN
         -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
         -- statement, as pgmb.settle_failures does with push failures.
         WITH picked AS (
-            SELECT d.id, d.available_at AS was, d.attempts >= 1 + q.max_retries AS exhausted
+            -- A first read cannot be the last one: only a delivery read before looks up its
+            -- message's own max_retries.
+            SELECT d.id, d.available_at AS was, lim.max_retries,
+                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
             FROM pgmb_delivery d
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN d.attempts = 0 THEN NULL
+                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
+                                          q.max_retries) END AS max_retries
+            ) AS lim
             WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
               AND d.id <> ALL (seen)
               AND (filter IS NULL
@@ -2241,14 +2499,14 @@ BEGIN
                               WHERE m.id = d.message_id
                                 AND (body_filter IS NULL OR m.body @> body_filter)
                                 AND (headers_filter IS NULL OR m.headers @> headers_filter)))
-            ORDER BY d.available_at, d.id
+            ORDER BY d.priority, d.available_at, d.id
             LIMIT remaining
-            FOR UPDATE SKIP LOCKED
+            FOR UPDATE OF d SKIP LOCKED
         ), dead AS (
             DELETE FROM pgmb_delivery d USING picked p WHERE d.id = p.id AND p.exhausted
             RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
                       format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                             d.attempts, q.max_retries) AS error
+                             d.attempts, p.max_retries) AS error
         ), dead_letters AS (
             INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
             SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
@@ -2266,11 +2524,11 @@ BEGIN
             SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
             FROM picked p
             WHERE d.id = p.id AND NOT p.exhausted
-            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, p.was
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, p.was, d.priority
         )
         SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
                              m.body, m.headers, m.routing_key)::pgmb.pull_message
-                         ORDER BY r.was, r.id),
+                         ORDER BY r.priority, r.was, r.id),
                (SELECT count(*) FROM history)
         INTO got, buried
         FROM r JOIN pgmb_message m ON m.id = r.message_id;
@@ -2470,6 +2728,34 @@ CREATE FUNCTION pgmb.release(delivery_ids bigint[], lease_ids uuid[]) RETURNS in
 $$;
 
 --
+-- Name: release_after(public.pgmb_delivery); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.release_after(d public.pgmb_delivery) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pgmb.promote_waiting(
+        ARRAY(SELECT h.id FROM pgmb_delivery h
+              WHERE d.group_key IS NOT NULL AND h.queue_id = d.queue_id AND h.group_key = d.group_key
+              ORDER BY h.id LIMIT 1)
+        || ARRAY(SELECT w.id FROM pgmb_delivery w
+                 WHERE d.dependents AND w.depends_on @> ARRAY[d.message_id] AND w.state = 'waiting'));
+END $$;
+
+--
+-- Name: release_dependents(uuid); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.release_dependents(message_id uuid) RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT pgmb.promote_waiting(ARRAY(
+        SELECT w.id FROM pgmb_delivery w
+        WHERE w.depends_on @> ARRAY[release_dependents.message_id] AND w.state = 'waiting'))
+$$;
+
+--
 -- Name: replay(uuid[], text[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -2480,8 +2766,10 @@ DECLARE
     n integer;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
-    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
-    SELECT acked.message_id, acked.queue_id, 'ready', 0, now(), now()
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT acked.message_id, acked.queue_id, 'ready', 0, now(), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
     FROM (
         SELECT DISTINCT a.message_id, a.queue_id
         FROM pgmb_attempt a
@@ -2553,8 +2841,12 @@ BEGIN
         DELETE FROM pgmb_dead_letter x WHERE x.id = ANY (dead_letter_ids)
         RETURNING x.message_id, x.queue_id
     )
-    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
-    SELECT message_id, queue_id, 'ready', 0, now(), now() FROM moved
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT moved.message_id, moved.queue_id, 'ready', 0, now(), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+    FROM moved JOIN pgmb_message m ON m.id = moved.message_id
+    ORDER BY moved.message_id
     ON CONFLICT (message_id, queue_id) DO NOTHING;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
@@ -2767,15 +3059,17 @@ BEGIN
 END $$;
 
 --
--- Name: send(uuid, text, jsonb, jsonb, timestamp with time zone); Type: FUNCTION; Schema: pgmb; Owner: -
+-- Name: send(uuid, text, jsonb, jsonb, timestamp with time zone, integer, text, uuid[], text, integer, double precision); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
-CREATE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone) RETURNS uuid
+CREATE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
+DECLARE
+    stored uuid;
 BEGIN
-    PERFORM pgmb.require('publish');
+    PERFORM pgmb.require('publish');  -- access control (0021)
     IF id IS NULL THEN
         RAISE EXCEPTION 'a message id is required' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass gen_random_uuid() for a new id.';
@@ -2789,15 +3083,24 @@ BEGIN
         RAISE EXCEPTION 'message headers must be a JSON object, not %', jsonb_typeof(headers)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Only with options: the plain calls of the shorter forms skip the call.
+    IF send.priority IS DISTINCT FROM 0 OR send.group_key IS NOT NULL OR send.depends_on IS NOT NULL
+       OR send.dedup_id IS NOT NULL OR send.max_retries IS NOT NULL OR send.retry_delay IS NOT NULL THEN
+        PERFORM pgmb.check_message_options(send.id, send.priority, send.group_key, send.depends_on,
+                                           send.dedup_id, send.max_retries, send.retry_delay);
+    END IF;
     IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
         RAISE EXCEPTION 'message % already exists', send.id
             USING ERRCODE = 'unique_violation',
                   HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
     END IF;
-    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at)
+    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
+                              group_key, depends_on, dedup_id, max_retries, retry_delay)
     VALUES (send.id, send.routing_key, send.body, coalesce(send.headers, '{}'), now(),
-            greatest(coalesce(send.delay, now()), now()));
-    RETURN send.id;
+            greatest(coalesce(send.delay, now()), now()), send.priority, send.group_key,
+            send.depends_on, send.dedup_id, send.max_retries, send.retry_delay)
+    RETURNING pgmb_message.id INTO stored;
+    RETURN coalesce(stored, pgmb.deduplicated(send.dedup_id));
 END $$;
 
 --
@@ -2876,11 +3179,13 @@ BEGIN
             AS u(id, lease_id, status, error, retry_after, duration_ms)
     ), target AS (
         SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms, d.attempts >= 1 + q.max_retries AS exhausted,
-               q.backoff_base, q.backoff_max
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
+               q.backoff_base, q.backoff_max, m.retry_delay
         FROM input u
         JOIN pgmb_delivery d ON d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased'
         JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
         FOR UPDATE OF d
     ), dead AS (
         DELETE FROM pgmb_delivery d USING target t WHERE d.id = t.id AND t.exhausted
@@ -2897,7 +3202,10 @@ BEGIN
         UPDATE pgmb_delivery d
         SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
             available_at = clock_timestamp()
-                + pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after) * interval '1 second'
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
         FROM target t
         WHERE d.id = t.id AND NOT t.exhausted
         RETURNING 1
@@ -3187,6 +3495,7 @@ CREATE VIEW pgmb.queue_entries AS
     m.body,
     m.headers,
         CASE
+            WHEN ((d.state)::text = 'waiting'::text) THEN 'waiting'::text
             WHEN (d.available_at <= now()) THEN 'ready'::text
             WHEN ((d.state)::text = 'leased'::text) THEN 'leased'::text
             ELSE 'delayed'::text
@@ -3298,6 +3607,44 @@ ALTER TABLE ONLY public.pgmb_message ALTER COLUMN id SET DEFAULT pgmb.uuid_v7();
 --
 -- django-pgtrigger's trigger functions
 --
+CREATE OR REPLACE FUNCTION public.pgtrigger_admit_message_8d54e()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+                
+                BEGIN
+                    IF ("public"._pgtrigger_should_ignore(TG_NAME) IS TRUE) THEN
+                        IF (TG_OP = 'DELETE') THEN
+                            RETURN OLD;
+                        ELSE
+                            RETURN NEW;
+                        END IF;
+                    END IF;
+                    -- Only messages with dependencies or a de-duplication id get here (the trigger's WHEN).
+RETURN pgmb.admit_message(NEW);
+                END;
+            $function$
+;
+
+CREATE OR REPLACE FUNCTION public.pgtrigger_hold_delivery_f8802()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+                
+                BEGIN
+                    IF ("public"._pgtrigger_should_ignore(TG_NAME) IS TRUE) THEN
+                        IF (TG_OP = 'DELETE') THEN
+                            RETURN OLD;
+                        ELSE
+                            RETURN NEW;
+                        END IF;
+                    END IF;
+                    -- Only deliveries with a group or dependencies get here (the trigger's WHEN).
+RETURN pgmb.hold_delivery(NEW);
+                END;
+            $function$
+;
+
 CREATE OR REPLACE FUNCTION public.pgtrigger_queue_prepare_da81d()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -3345,6 +3692,45 @@ RETURN NULL;
             $function$
 ;
 
+CREATE OR REPLACE FUNCTION public.pgtrigger_release_after_dead_letter_94d4d()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+                
+                BEGIN
+                    IF ("public"._pgtrigger_should_ignore(TG_NAME) IS TRUE) THEN
+                        IF (TG_OP = 'DELETE') THEN
+                            RETURN OLD;
+                        ELSE
+                            RETURN NEW;
+                        END IF;
+                    END IF;
+                    PERFORM pgmb.release_dependents(OLD.message_id);
+RETURN NULL;
+                END;
+            $function$
+;
+
+CREATE OR REPLACE FUNCTION public.pgtrigger_release_after_delivery_44f6b()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+                
+                BEGIN
+                    IF ("public"._pgtrigger_should_ignore(TG_NAME) IS TRUE) THEN
+                        IF (TG_OP = 'DELETE') THEN
+                            RETURN OLD;
+                        ELSE
+                            RETURN NEW;
+                        END IF;
+                    END IF;
+                    -- Only deliveries with a group, or that other messages depend on, get here.
+PERFORM pgmb.release_after(OLD);
+RETURN NULL;
+                END;
+            $function$
+;
+
 CREATE OR REPLACE FUNCTION public.pgtrigger_route_messages_110b5()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -3361,8 +3747,10 @@ AS $function$
                     -- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
 -- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
 -- in a transaction are merged).
-INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
-SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at
+-- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.
+INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                           priority, group_key, depends_on)
+SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key, m.depends_on
 FROM new_messages AS m
 -- Candidates first: a queue whose binding has a literal word that is not a word of the key
 -- cannot match (with many queues, a lookup in the GIN index pgmb_queue_literal_words;
@@ -3483,6 +3871,13 @@ ALTER TABLE ONLY public.pgmb_dispatcher
     ADD CONSTRAINT pgmb_dispatcher_pkey PRIMARY KEY (id);
 
 --
+-- Name: pgmb_message pgmb_message_options_valid; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE public.pgmb_message
+    ADD CONSTRAINT pgmb_message_options_valid CHECK ((((group_key IS NULL) AND (depends_on IS NULL) AND (dedup_id IS NULL) AND (max_retries IS NULL) AND (retry_delay IS NULL)) OR (pgmb.message_options_problem(id, (priority)::integer, (group_key)::text, depends_on, (dedup_id)::text, max_retries, retry_delay) IS NULL))) NOT VALID;
+
+--
 -- Name: pgmb_message pgmb_message_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -3595,10 +3990,22 @@ CREATE INDEX pgmb_dead_letter_created ON public.pgmb_dead_letter USING btree (cr
 CREATE INDEX pgmb_dead_letter_queue_id_b100904a ON public.pgmb_dead_letter USING btree (queue_id);
 
 --
+-- Name: pgmb_delivery_depends_on; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_delivery_depends_on ON public.pgmb_delivery USING gin (depends_on) WHERE (depends_on IS NOT NULL);
+
+--
 -- Name: pgmb_delivery_due; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX pgmb_delivery_due ON public.pgmb_delivery USING btree (queue_id, available_at, id) INCLUDE (attempts, created_at) WHERE ((state)::text = 'ready'::text);
+CREATE INDEX pgmb_delivery_due ON public.pgmb_delivery USING btree (queue_id, priority, available_at, id) INCLUDE (attempts, created_at) WHERE ((state)::text = 'ready'::text);
+
+--
+-- Name: pgmb_delivery_group; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_delivery_group ON public.pgmb_delivery USING btree (queue_id, group_key, id) WHERE (group_key IS NOT NULL);
 
 --
 -- Name: pgmb_delivery_leased; Type: INDEX; Schema: public; Owner: -
@@ -3607,10 +4014,22 @@ CREATE INDEX pgmb_delivery_due ON public.pgmb_delivery USING btree (queue_id, av
 CREATE INDEX pgmb_delivery_leased ON public.pgmb_delivery USING btree (available_at) WHERE ((state)::text = 'leased'::text);
 
 --
+-- Name: pgmb_delivery_waiting; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_delivery_waiting ON public.pgmb_delivery USING btree (queue_id, id) WHERE ((state)::text = 'waiting'::text);
+
+--
 -- Name: pgmb_message_created; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX pgmb_message_created ON public.pgmb_message USING btree (created_at, id);
+
+--
+-- Name: pgmb_message_dedup; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX pgmb_message_dedup ON public.pgmb_message USING btree (dedup_id, created_at) WHERE (dedup_id IS NOT NULL);
 
 --
 -- Name: pgmb_message_routing_key; Type: INDEX; Schema: public; Owner: -
@@ -3655,6 +4074,30 @@ CREATE INDEX pgmb_worker_breaker ON public.pgmb_worker USING btree (id) WHERE ((
 CREATE INDEX pgmb_worker_name_b0293182_like ON public.pgmb_worker USING btree (name varchar_pattern_ops);
 
 --
+-- Name: pgmb_message pgtrigger_admit_message_8d54e; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER pgtrigger_admit_message_8d54e BEFORE INSERT ON public.pgmb_message FOR EACH ROW WHEN (((new.depends_on IS NOT NULL) OR (new.dedup_id IS NOT NULL))) EXECUTE FUNCTION public.pgtrigger_admit_message_8d54e();
+
+--
+-- Name: TRIGGER pgtrigger_admit_message_8d54e ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TRIGGER pgtrigger_admit_message_8d54e ON public.pgmb_message IS 'e17e2e98419c65b45d4fc220df2543f54be999c5';
+
+--
+-- Name: pgmb_delivery pgtrigger_hold_delivery_f8802; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER pgtrigger_hold_delivery_f8802 BEFORE INSERT ON public.pgmb_delivery FOR EACH ROW WHEN (((new.group_key IS NOT NULL) OR (new.depends_on IS NOT NULL))) EXECUTE FUNCTION public.pgtrigger_hold_delivery_f8802();
+
+--
+-- Name: TRIGGER pgtrigger_hold_delivery_f8802 ON pgmb_delivery; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TRIGGER pgtrigger_hold_delivery_f8802 ON public.pgmb_delivery IS 'd0d8a2f6f8721d4d27a5d60317b1e7d7c9cb0d3c';
+
+--
 -- Name: pgmb_queue pgtrigger_queue_prepare_da81d; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -3679,6 +4122,30 @@ CREATE TRIGGER pgtrigger_queue_views_605c2 AFTER INSERT OR DELETE OR UPDATE ON p
 COMMENT ON TRIGGER pgtrigger_queue_views_605c2 ON public.pgmb_queue IS 'f641bf574653c806f93cc9e36c052612025310f9';
 
 --
+-- Name: pgmb_dead_letter pgtrigger_release_after_dead_letter_94d4d; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER pgtrigger_release_after_dead_letter_94d4d AFTER DELETE ON public.pgmb_dead_letter FOR EACH ROW EXECUTE FUNCTION public.pgtrigger_release_after_dead_letter_94d4d();
+
+--
+-- Name: TRIGGER pgtrigger_release_after_dead_letter_94d4d ON pgmb_dead_letter; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TRIGGER pgtrigger_release_after_dead_letter_94d4d ON public.pgmb_dead_letter IS '629b7ee1e22a02a9ba52bc8b76fe872ed191329e';
+
+--
+-- Name: pgmb_delivery pgtrigger_release_after_delivery_44f6b; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER pgtrigger_release_after_delivery_44f6b AFTER DELETE ON public.pgmb_delivery FOR EACH ROW WHEN (((old.group_key IS NOT NULL) OR old.dependents)) EXECUTE FUNCTION public.pgtrigger_release_after_delivery_44f6b();
+
+--
+-- Name: TRIGGER pgtrigger_release_after_delivery_44f6b ON pgmb_delivery; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TRIGGER pgtrigger_release_after_delivery_44f6b ON public.pgmb_delivery IS '75414a42bafb1e9a06ad7852a1ed15f0dcd1a882';
+
+--
 -- Name: pgmb_message pgtrigger_route_messages_110b5; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -3688,7 +4155,7 @@ CREATE TRIGGER pgtrigger_route_messages_110b5 AFTER INSERT ON public.pgmb_messag
 -- Name: TRIGGER pgtrigger_route_messages_110b5 ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '3c41ef51d2b46910ddcacd0be395d7fde783379e';
+COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS 'ab739e199afbc1ea7348d0ae4f862ebdede582ea';
 
 --
 -- Name: pgmb_worker pgtrigger_worker_validate_2c011; Type: TRIGGER; Schema: public; Owner: -

@@ -63,8 +63,8 @@ class PgmbBackend(BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    # Messages have no priority yet: tasks with one are refused by validate_task().
-    supports_priority = False
+    # Django runs higher priorities first, pgmb lower ones: a task's priority is negated.
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -121,7 +121,14 @@ class PgmbBackend(BaseTaskBackend):
         body = {"task": task.module_path, "backend": self.alias}
         # One atomic block: a message without its result row (or the reverse) never exists.
         with transaction.atomic(using=self.database):
-            send(key, body, delay=task.run_after, message_id=message_id, using=self.database)
+            send(
+                key,
+                body,
+                delay=task.run_after,
+                message_id=message_id,
+                priority=-task.priority,
+                using=self.database,
+            )
             with connections[self.database].cursor() as cursor:
                 cursor.execute(
                     sql.query("tasks.sql", "insert_result"),

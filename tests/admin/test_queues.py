@@ -19,6 +19,7 @@ def queue_data(owner, **changes):
         "backoff_base": "1",
         "backoff_max": "60",
         "lease_seconds": "30",
+        "dedup_window": "300",
         "_save": "Save",
     }
     data.update(changes)
@@ -163,6 +164,8 @@ def test_change_form_shows_pattern_read_only_and_the_views(admin_client, make_qu
         ({"lease_seconds": "0"}, "lease_seconds", "greater than or equal to 0.001"),
         # No worker is a pull queue (tests/pull/test_admin.py); an unknown one is refused.
         ({"worker": "00000000-0000-0000-0000-000000000000"}, "worker", "Select a valid choice"),
+        ({"dedup_window": "-1"}, "dedup_window", "greater than or equal to 0"),
+        ({"dedup_window": "2592001"}, "dedup_window", "less than or equal to 2592000"),
     ],
 )
 def test_add_form_rejects_bad_input(admin_client, make_worker, changes, field, message):

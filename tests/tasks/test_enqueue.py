@@ -15,6 +15,7 @@ from django_tasks import TaskResultStatus, task_backends
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from django_tasks.signals import task_enqueued
 
+from pgmb import pull
 from pgmb.models import Delivery, Message, Queue
 from pgmb.tasks import PgmbBackend, UnroutedTask
 from pgmb.tasks.worker import ensure_queues
@@ -36,7 +37,7 @@ def test_the_backend_is_pgmb_and_says_what_it_supports():
     assert backend.supports_defer
     assert backend.supports_get_result
     assert backend.supports_async_task
-    assert not backend.supports_priority
+    assert backend.supports_priority
 
 
 def test_enqueue_publishes_one_message_and_a_ready_result(task_queues, django_assert_num_queries):
@@ -137,9 +138,16 @@ def test_arguments_that_are_not_json_are_refused_before_writing(task_queues, arg
     assert not Message.objects.exists()
 
 
+def test_higher_priorities_run_first(task_queues):
+    low, high, normal = (jobs.add.using(priority=p).enqueue(1, b=1) for p in (-10, 10, 0))
+    # Django runs higher priorities first, pgmb lower ones: the message carries -priority.
+    read = pull.read(task_queues["default"].name, 30, 3)
+    assert [str(m.message_id) for m in read] == [high.id, normal.id, low.id]
+
+
 def test_what_the_backend_cannot_do_is_refused_by_the_framework(task_queues):
     with pytest.raises(InvalidTaskError, match="priority"):
-        jobs.add.using(priority=10)
+        jobs.add.using(priority=101)
     with pytest.raises(InvalidTaskError, match="Queue 'other'"):
         jobs.add.using(queue_name="other")
     with pytest.raises(InvalidTaskError, match="aware"):

@@ -5,7 +5,9 @@ One message::
     manage.py pgmb_send order.created '{"order_id": 1}' --headers '{"tenant": "eu"}' --delay 10m
 
 Many, each line a body sent with the same routing key, or (without a routing key) each line
-an envelope ``{"routing_key": ..., "body": ..., "headers"?: ..., "delay"?: ..., "id"?: ...}``::
+an envelope ``{"routing_key": ..., "body": ..., "headers"?: ..., "delay"?: ..., "id"?: ...}``
+(and the message options ``priority``, ``group``, ``depends_on``, ``dedup_id``,
+``max_retries``, ``retry_delay``, docs/ordering.md)::
 
     manage.py pgmb_send order.created --file bodies.jsonl
     manage.py pgmb_send --file envelopes.jsonl
@@ -39,7 +41,23 @@ from pgmb.errors import PgmbError
 from pgmb.publish import Outgoing, send, send_batch, unrouted
 from pgmb.routing import validate_routing_key
 
-ENVELOPE_KEYS = ("routing_key", "body", "headers", "delay", "id")
+ENVELOPE_KEYS = (
+    "routing_key",
+    "body",
+    "headers",
+    "delay",
+    "id",
+    "priority",
+    "group",
+    "depends_on",
+    "dedup_id",
+    "max_retries",
+    "retry_delay",
+)
+#: The message options (pgmb.send's keywords) a --file applies to every line.
+FILE_OPTIONS = ("priority", "group", "max_retries", "retry_delay")
+#: The options only a single message (or an envelope) may have.
+SINGLE_OPTIONS = ("depends_on", "dedup_id")
 
 Delay = float | datetime | None
 
@@ -101,6 +119,26 @@ def parse_id(value: Any, where: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise ValueError(f"{where} {value!r} is not a UUID") from None
+
+
+def parse_retry_delay(value: Any, where: str = "retry delay") -> float:
+    """Seconds between attempts: a JSON number, or a text :func:`parse_delay` reads as a
+    duration (not a point in time)."""
+    seconds = parse_delay(value) if isinstance(value, str) else value
+    if isinstance(seconds, datetime):
+        raise ValueError(f"{where} must be seconds or a duration (like 30s or 5m), not a time")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise ValueError(f"{where} must be a number of seconds or a text, not {_json_type(value)}")
+    return float(seconds)
+
+
+def parse_depends_on(value: Any, where: str = "depends_on") -> list[uuid.UUID]:
+    """Message ids: a list of UUID texts (an envelope) or comma-separated ones (the option)."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list of message ids, not {_json_type(value)}")
+    return [parse_id(item, where) for item in value]
 
 
 def envelope_delay(value: Any) -> Delay:
@@ -186,6 +224,33 @@ class Command(BaseCommand):
             "1h30m, 1d) or an ISO-8601 time with a time zone (2026-12-01T10:00:00+00:00).",
         )
         parser.add_argument("--id", metavar="UUID", help="The message id (default: a new one).")
+        options = parser.add_argument_group("message options (docs/ordering.md)")
+        options.add_argument(
+            "--priority", type=int, metavar="N", help="Lower is delivered first (default 0)."
+        )
+        options.add_argument(
+            "--group",
+            metavar="KEY",
+            help="An ordered group: a queue delivers its messages one at a time, in order.",
+        )
+        options.add_argument(
+            "--depends-on",
+            metavar="UUIDS",
+            help="Comma-separated ids of messages that must be settled first.",
+        )
+        options.add_argument(
+            "--dedup-id",
+            metavar="ID",
+            help="Dropped if a message with this id was published within the dedup window.",
+        )
+        options.add_argument(
+            "--max-retries", type=int, metavar="N", help="Instead of the queue's max_retries."
+        )
+        options.add_argument(
+            "--retry-delay",
+            metavar="DURATION",
+            help="Seconds or a duration (30s, 5m) between attempts, instead of the backoff.",
+        )
         parser.add_argument(
             "--file",
             metavar="PATH",
@@ -229,6 +294,12 @@ class Command(BaseCommand):
                 raise CommandError("give a BODY or --file, not both")
             if options["id"] is not None:
                 raise CommandError("--id cannot be used with --file: each message needs its own id")
+            for name in SINGLE_OPTIONS:
+                if options[name] is not None:
+                    flag = "--" + name.replace("_", "-")
+                    raise CommandError(
+                        f"{flag} cannot be used with --file: give it per line, in an envelope"
+                    )
         using = options["database"] or conf.get().DATABASE
         try:
             connections[using]
@@ -240,6 +311,19 @@ class Command(BaseCommand):
             else None
         )
         delay = parse_delay(options["delay"]) if options["delay"] is not None else None
+        message_options: dict[str, Any] = {
+            name: options[name]
+            for name in (*FILE_OPTIONS, *SINGLE_OPTIONS)
+            if options[name] is not None
+        }
+        if "retry_delay" in message_options:
+            message_options["retry_delay"] = parse_retry_delay(
+                message_options["retry_delay"], "--retry-delay"
+            )
+        if "depends_on" in message_options:
+            message_options["depends_on"] = parse_depends_on(
+                message_options["depends_on"], "--depends-on"
+            )
 
         if path is None:
             message_id = parse_id(options["id"], "--id") if options["id"] is not None else None
@@ -252,6 +336,7 @@ class Command(BaseCommand):
                     delay=delay,
                     message_id=message_id,
                     using=using,
+                    **message_options,
                 )
                 if unrouted([sent], using=using):
                     self._warn_unrouted([(None, routing_key)])
@@ -268,7 +353,9 @@ class Command(BaseCommand):
 
         with ExitStack() as stack:
             stream = self._open(path, options.get("stdin"), stack)
-            count = self._send_file(stream, path, routing_key, headers, delay, batch_size, using)
+            count = self._send_file(
+                stream, path, routing_key, headers, delay, message_options, batch_size, using
+            )
         self._say(f"sent {count:d} message{'' if count == 1 else 's'}")
 
     def _warn_unrouted(self, lost: list[tuple[int | None, str]]) -> None:
@@ -315,6 +402,7 @@ class Command(BaseCommand):
         routing_key: str | None,
         headers: dict[str, Any] | None,
         delay: Delay,
+        message_options: dict[str, Any],
         batch_size: int,
         using: str,
     ) -> int:
@@ -329,7 +417,12 @@ class Command(BaseCommand):
                     done_bytes += size
                     if not text.strip():
                         continue
-                    batch.append((number, _outgoing(number, text, routing_key, headers, delay)))
+                    batch.append(
+                        (
+                            number,
+                            _outgoing(number, text, routing_key, headers, delay, message_options),
+                        )
+                    )
                     if len(batch) >= batch_size:
                         count += _flush(batch, using, lost)
                         batch = []
@@ -381,19 +474,23 @@ def _outgoing(
     routing_key: str | None,
     headers: dict[str, Any] | None,
     delay: Delay,
+    message_options: dict[str, Any],
 ) -> Outgoing:
     """Parse and check one line, so that a bad one is reported with its number."""
     try:
         value = parse_json(text)
         if routing_key is not None:
-            return Outgoing(routing_key, value, headers, delay)
-        return _envelope(value, headers, delay)
+            return Outgoing(routing_key, value, headers, delay, **message_options)
+        return _envelope(value, headers, delay, message_options)
     except (PgmbError, ValueError) as exc:
         raise LineError(number, str(exc)) from exc
 
 
-def _envelope(value: Any, headers: dict[str, Any] | None, delay: Delay) -> Outgoing:
-    """An envelope line; ``--headers`` and ``--delay`` are defaults its own fields override."""
+def _envelope(
+    value: Any, headers: dict[str, Any] | None, delay: Delay, message_options: dict[str, Any]
+) -> Outgoing:
+    """An envelope line; ``--headers``, ``--delay`` and the file's message options are
+    defaults its own fields override."""
     if not isinstance(value, dict):
         raise ValueError(
             "without a ROUTING_KEY each line must be a JSON object "
@@ -411,12 +508,21 @@ def _envelope(value: Any, headers: dict[str, Any] | None, delay: Delay) -> Outgo
     if value.get("headers") is not None:
         own = parse_headers(value["headers"], "headers")
         headers = {**headers, **own} if headers else own
+    chosen = dict(message_options)
+    for name in (*FILE_OPTIONS, *SINGLE_OPTIONS):
+        if value.get(name) is not None:
+            chosen[name] = value[name]
+    if "retry_delay" in value and value["retry_delay"] is not None:
+        chosen["retry_delay"] = parse_retry_delay(value["retry_delay"])
+    if value.get("depends_on") is not None:
+        chosen["depends_on"] = parse_depends_on(value["depends_on"])
     return Outgoing(
         validate_routing_key(value["routing_key"]),
         value["body"],
         headers,
         envelope_delay(value["delay"]) if value.get("delay") is not None else delay,
         parse_id(value["id"], "id") if value.get("id") is not None else None,
+        **chosen,
     )
 
 
@@ -459,6 +565,12 @@ def _blame(batch: list[tuple[int, Outgoing]], using: str) -> None:
                     headers=item.headers,
                     delay=item.delay,
                     message_id=item.message_id,
+                    priority=item.priority,
+                    group=item.group,
+                    depends_on=item.depends_on,
+                    dedup_id=item.dedup_id,
+                    max_retries=item.max_retries,
+                    retry_delay=item.retry_delay,
                     using=using,
                 )
         except PgmbError as exc:

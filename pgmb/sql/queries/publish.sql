@@ -1,16 +1,32 @@
 -- Publishing from Python. The routing trigger on pgmb_message does the rest.
 
+-- Statements start with their verb (tests find them by it). `send` returns no row for a
+-- duplicate (pgmb.admit_message dropped it): `deduplicated` gives the message it duplicates.
+-- `send_batch` takes depends_on as one text per message ('{…}' or NULL): unnest cannot
+-- take an array of arrays of different lengths.
+
 -- name: send
-INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at)
+INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
+                          group_key, depends_on, dedup_id, max_retries, retry_delay)
 VALUES (%s, %s, %s::jsonb, %s::jsonb, now(),
-        greatest(now(), coalesce(%s::timestamptz, now() + coalesce(%s::float8, 0) * interval '1 second')))
+        greatest(now(), coalesce(%s::timestamptz, now() + coalesce(%s::float8, 0) * interval '1 second')),
+        %s, %s, %s::uuid[], %s, %s, %s::float8)
+RETURNING id
+
+-- name: deduplicated
+SELECT pgmb.deduplicated(%s)
 
 -- name: unrouted
 SELECT id FROM pgmb.unrouted(%s::uuid[]) AS id
 
 -- name: send_batch
-INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at)
+INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
+                          group_key, depends_on, dedup_id, max_retries, retry_delay)
 SELECT id, routing_key, body, headers, now(),
-       greatest(now(), coalesce(at, now() + coalesce(seconds, 0) * interval '1 second'))
-FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::jsonb[], %s::timestamptz[], %s::float8[])
-     AS t(id, routing_key, body, headers, at, seconds)
+       greatest(now(), coalesce(at, now() + coalesce(seconds, 0) * interval '1 second')),
+       priority, group_key, depends_on::uuid[], dedup_id, max_retries, retry_delay
+FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::jsonb[], %s::timestamptz[], %s::float8[],
+            %s::smallint[], %s::text[], %s::text[], %s::text[], %s::integer[], %s::float8[])
+     AS t(id, routing_key, body, headers, at, seconds, priority, group_key, depends_on, dedup_id,
+          max_retries, retry_delay)
+RETURNING id

@@ -25,8 +25,10 @@ RETURN NULL;
 -- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
 -- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
 -- in a transaction are merged).
-INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at)
-SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at
+-- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.
+INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                           priority, group_key, depends_on)
+SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key, m.depends_on
 FROM new_messages AS m
 -- Candidates first: a queue whose binding has a literal word that is not a word of the key
 -- cannot match (with many queues, a lookup in the GIN index pgmb_queue_literal_words;
@@ -43,4 +45,21 @@ JOIN pgmb_queue AS q
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;
+RETURN NULL;
+
+-- name: admit_message
+-- Only messages with dependencies or a de-duplication id get here (the trigger's WHEN).
+RETURN pgmb.admit_message(NEW);
+
+-- name: hold_delivery
+-- Only deliveries with a group or dependencies get here (the trigger's WHEN).
+RETURN pgmb.hold_delivery(NEW);
+
+-- name: release_after_delivery
+-- Only deliveries with a group, or that other messages depend on, get here.
+PERFORM pgmb.release_after(OLD);
+RETURN NULL;
+
+-- name: release_after_dead_letter
+PERFORM pgmb.release_dependents(OLD.message_id);
 RETURN NULL;

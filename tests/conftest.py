@@ -73,3 +73,4 @@ def sql(db) -> Callable[..., list[tuple]]:
 # A real HTTP server on loopback that records requests and answers as scripted.
 from tests.faults import claims_refused, faulty_world  # noqa: E402, F401
 from tests.httpserver import make_recording_server, recording_server  # noqa: E402, F401
+from tests.processes import manage_process  # noqa: E402, F401

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from pgmb.dispatch.database import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options, Stats
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -32,32 +27,12 @@ def dispatch(transactional_db) -> Callable[..., Stats]:
 
 
 @pytest.fixture
-def spawn(transactional_db) -> Iterator[Callable[..., subprocess.Popen]]:
+def spawn(manage_process) -> Callable[..., subprocess.Popen]:
     """Start ``manage.py pgmb_dispatch`` as a real process against the test database."""
-    procs: list[subprocess.Popen] = []
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PGMB_DB_NAME": connection.settings_dict["NAME"],
-        # The second database's test name, for a test that asked for it (test_databases).
-        "PGMB_SECOND_DB_NAME": connections["second"].settings_dict["NAME"],
-    }
+    # The second database's test name, for a test that asked for it (test_databases).
+    second = {"PGMB_SECOND_DB_NAME": connections["second"].settings_dict["NAME"]}
 
     def start(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "pgmb_dispatch", *args],
-            cwd=ROOT,
-            env={**env, **(extra_env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(proc)
-        return proc
+        return manage_process("pgmb_dispatch", *args, env={**second, **(extra_env or {})})
 
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
+    return start

@@ -29,9 +29,9 @@ from psycopg import sql
 import pgmb
 from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess, Queue, Worker
-from tests.dispatch.conftest import ROOT
 from tests.dispatch.test_processes import _watch
 from tests.httpserver import reply
+from tests.processes import ROOT
 from tests.waiting import wait_until
 
 SECOND = "second"

@@ -20,9 +20,8 @@ import pgmb
 from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess, Worker
 from tests.httpserver import held, reply
+from tests.processes import ROOT
 from tests.waiting import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dispatchers_idle(count: int = 1) -> bool:

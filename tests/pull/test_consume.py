@@ -4,11 +4,9 @@ return, retries and dead letters on exceptions, wake-ups by NOTIFY, graceful sto
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,6 @@ import pgmb
 from pgmb import pull
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess
 from tests.waiting import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -32,34 +28,13 @@ def _lines(path: Path) -> list:
 
 
 @pytest.fixture
-def consume(transactional_db, out, tmp_path) -> Iterator[Callable[..., subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PGMB_DB_NAME": connection.settings_dict["NAME"],
-        "PGMB_CONSUME_OUT": str(out),
-        "PGMB_CONSUME_GATE": str(tmp_path / "gate"),
-    }
+def consume(manage_process, out, tmp_path) -> Callable[..., subprocess.Popen]:
+    env = {"PGMB_CONSUME_OUT": str(out), "PGMB_CONSUME_GATE": str(tmp_path / "gate")}
 
     def start(*args: str) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "pgmb_consume", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(proc)
-        return proc
+        return manage_process("pgmb_consume", *args, env=env)
 
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
+    return start
 
 
 def _sleeping() -> bool:

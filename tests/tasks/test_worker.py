@@ -3,18 +3,14 @@ API run, retry, succeed or fail, and their results say so."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.test import override_settings
 from django_tasks import TaskResultStatus
 
@@ -23,37 +19,11 @@ from pgmb.tasks import UnroutedTask
 from tests.tasks import jobs
 from tests.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
-def spawn(transactional_db) -> Iterator[Callable[..., subprocess.Popen]]:
+def spawn(manage_process) -> Callable[..., subprocess.Popen]:
     """Start a manage.py command as a real process against the test database."""
-    procs: list[subprocess.Popen] = []
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PGMB_DB_NAME": connection.settings_dict["NAME"],
-    }
-
-    def start(*args: str) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+    return manage_process
 
 
 def _queues(**settings) -> None:

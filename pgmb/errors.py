@@ -41,6 +41,8 @@ class AccessDenied(PgmbError, PermissionError):
 
 class UnknownObject(PgmbError, LookupError):
     """A queue or role named in a call does not exist (SQLSTATE 42704)."""
+
+
 class InvalidOption(PgmbError, ValueError):
     """A message option (priority, group, depends_on, dedup id, retries) breaks its rule."""
 

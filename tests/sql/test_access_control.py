@@ -341,3 +341,26 @@ def test_a_consumer_without_the_queue_grant_is_refused_and_nothing_changes(
         "WHERE q.name = %s",
         [pull_queue],
     ).fetchone() == (0,)
+
+
+def test_pgmb_admin_may_read_and_write_every_table_of_pgmb(owner):
+    """A migration that adds a table runs pgmb.install_access() again."""
+    tables = [
+        r[0]
+        for r in owner.execute(
+            "SELECT c.oid::regclass::text FROM pg_class c "
+            "WHERE c.relkind = 'r' AND c.relname LIKE 'pgmb\\_%' "
+            "AND c.relnamespace = (SELECT relnamespace FROM pg_class "
+            "WHERE oid = 'pgmb_message'::regclass)"
+        )
+    ]
+    assert "pgmb_task_result" in tables
+    missing = [
+        t
+        for t in tables
+        if not owner.execute(
+            "SELECT has_table_privilege('pgmb_admin', %s, 'SELECT, INSERT, UPDATE, DELETE')",
+            [t],
+        ).fetchone()[0]
+    ]
+    assert missing == []

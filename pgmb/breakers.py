@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import sql
-from .deliveries import Call, run
+from .deliveries import Call, _count, run
 
 log = logging.getLogger("pgmb.dispatch")
 
@@ -30,10 +30,6 @@ NOTICE_SQLSTATE = "01PB0"
 
 #: What each state means, for people (the admin, the log).
 STATES = {"closed": "closed", "open": "open", "half_open": "half-open"}
-
-
-def _count(names: list[str], rows: list[tuple[Any, ...]]) -> int:
-    return int(rows[0][0] or 0) if rows else 0
 
 
 def reset_call(worker_ids: Iterable[uuid.UUID | str]) -> Call[int]:

@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 
 from . import conf, dispatchers, sql
-from .deliveries import Call
+from .deliveries import run_on as _run
 from .dispatch.backoff import Backoff
 from .dispatch.database import conninfo_from_django
 from .pull import (
@@ -51,14 +51,6 @@ log = logging.getLogger("pgmb.consume")
 PREFETCH = 10
 #: The shortest sleep of an idle consumer, in seconds.
 MIN_SLEEP = 0.01
-
-
-def _run(conn: psycopg.Connection[Any], call: Call[Any]) -> Any:
-    with conn.cursor() as cursor:
-        cursor.execute(call.query, call.params)
-        if cursor.description is None:
-            return call.read([], [])
-        return call.read([c.name for c in cursor.description], cursor.fetchall())
 
 
 def _error_text(exc: BaseException) -> str:

@@ -21,6 +21,7 @@ run them their own way, such as the dispatcher's reconnecting connection.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -117,6 +118,12 @@ def _scalar(names: list[str], rows: list[tuple[Any, ...]]) -> Any:
 
 def _count(names: list[str], rows: list[tuple[Any, ...]]) -> int:
     return int(_scalar(names, rows) or 0)
+
+
+def _jsonb(value: Any) -> Any:
+    # Django's PostgreSQL backend hands jsonb over as text (its JSONField decodes it); a
+    # plain psycopg connection, already decoded.
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def _claims(names: list[str], rows: list[tuple[Any, ...]]) -> list[Claimed]:
@@ -247,13 +254,23 @@ def busy_call(queues: Iterable[str] | None = None) -> Call[bool]:
     return Call(_statement("busy"), {"queues": _queues(queues)}, lambda n, r: bool(_scalar(n, r)))
 
 
+def _execute(cursor: Any, call: Call[T]) -> T:
+    cursor.execute(call.query, call.params)
+    if cursor.description is None:
+        return call.read([], [])
+    return call.read([c.name for c in cursor.description], cursor.fetchall())
+
+
 def run(call: Call[T], using: str | None = None) -> T:
     """Run a call on a Django connection, in the caller's transaction."""
     with connections[using or conf.get().DATABASE].cursor() as cursor:
-        cursor.execute(call.query, call.params)
-        if cursor.description is None:
-            return call.read([], [])
-        return call.read([c.name for c in cursor.description], cursor.fetchall())
+        return _execute(cursor, call)
+
+
+def run_on(conn: Any, call: Call[T]) -> T:
+    """Run a call on a psycopg (synchronous) ``Connection``."""
+    with conn.cursor() as cursor:
+        return _execute(cursor, call)
 
 
 async def arun(conn: Any, call: Call[T]) -> T:

@@ -18,7 +18,6 @@ that run them another way, such as :class:`pgmb.consume.Consumer` on its own con
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from . import sql
-from .deliveries import Call, _storable, run
+from .deliveries import Call, _count, _jsonb, _scalar, _storable, run
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +53,6 @@ def _statement(name: str) -> str:
     return sql.query("pull.sql", name)
 
 
-def _json(value: Any) -> Any:
-    # Django loads jsonb as text (its JSONField parses it); a plain psycopg connection
-    # parses it already.
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def _messages(names: list[str], rows: list[tuple[Any, ...]]) -> list[Message]:
     out = []
     for row in rows:
@@ -71,8 +64,8 @@ def _messages(names: list[str], rows: list[tuple[Any, ...]]) -> list[Message]:
                 read_ct=values["read_ct"],
                 enqueued_at=values["enqueued_at"],
                 vt=values["vt"],
-                body=_json(values["body"]),
-                headers=_json(values["headers"]),
+                body=_jsonb(values["body"]),
+                headers=_jsonb(values["headers"]),
                 routing_key=values["routing_key"],
             )
         )
@@ -81,10 +74,6 @@ def _messages(names: list[str], rows: list[tuple[Any, ...]]) -> list[Message]:
 
 def _id_list(names: list[str], rows: list[tuple[Any, ...]]) -> list[int]:
     return list(rows[0][0]) if rows else []
-
-
-def _scalar(names: list[str], rows: list[tuple[Any, ...]]) -> Any:
-    return rows[0][0] if rows else None
 
 
 def _filter(filter: Any) -> Jsonb | None:
@@ -154,12 +143,12 @@ def nack_call(queue: str, messages: Sequence[Message], errors: Sequence[str]) ->
             "read_counts": [m.read_ct for m in messages],
             "errors": [_storable(e) for e in errors],
         },
-        lambda n, r: int(_scalar(n, r) or 0),
+        _count,
     )
 
 
 def purge_call(queue: str) -> Call[int]:
-    return Call(_statement("purge"), {"queue": queue}, lambda n, r: int(_scalar(n, r) or 0))
+    return Call(_statement("purge"), {"queue": queue}, _count)
 
 
 def next_visible_call(queue: str) -> Call[float | None]:

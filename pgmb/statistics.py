@@ -16,12 +16,11 @@ figures of the last hour are :mod:`pgmb.metrics`'. One statement per call, from
 from __future__ import annotations
 
 import datetime
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from . import sql
-from .deliveries import Call, _scalar, run
+from .deliveries import Call, _jsonb, _scalar, run
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +66,7 @@ def _statement(name: str) -> str:
 
 
 def _errors(value: Any) -> tuple[ErrorCount, ...]:
-    # Django's connections hand jsonb over as text; a plain psycopg one, parsed.
-    items = json.loads(value) if isinstance(value, str | bytes) else value
+    items = _jsonb(value)
     return tuple(ErrorCount(status=e.get("status"), count=int(e["count"])) for e in items or ())
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from django.utils.module_loading import import_string
 
+from ..deliveries import _jsonb
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
 #: The columns every result statement of ``pgmb/sql/queries/tasks.sql`` returns, in order.
@@ -30,12 +30,6 @@ COLUMNS = (
     "errors",
     "worker_ids",
 )
-
-
-def _json(value: Any) -> Any:
-    # Django's PostgreSQL backend hands jsonb over as text; JSONField decodes it, raw
-    # cursors do not.
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def load_task(
@@ -75,12 +69,12 @@ def from_row(row: Sequence[Any]) -> TaskResult:
         started_at=r["started_at"],
         last_attempted_at=r["last_attempted_at"],
         finished_at=r["finished_at"],
-        args=_json(r["args"]),
-        kwargs=_json(r["kwargs"]),
+        args=_jsonb(r["args"]),
+        kwargs=_jsonb(r["kwargs"]),
         backend=r["backend"],
-        errors=[TaskError(**error) for error in _json(r["errors"])],
+        errors=[TaskError(**error) for error in _jsonb(r["errors"])],
         worker_ids=list(r["worker_ids"]),
     )
     # Not an argument of TaskResult: the framework's backends set it the same way.
-    object.__setattr__(result, "_return_value", _json(r["return_value"]))
+    object.__setattr__(result, "_return_value", _jsonb(r["return_value"]))
     return result

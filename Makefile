@@ -6,9 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the project needs; `make deps` installs the missing ones when root.
-# chromium drives the admin's browser tests; libpostgresql-jdbc-java is Spark's JDBC driver.
+# chromium drives the admin's browser tests; libpostgresql-jdbc-java is Spark's JDBC driver;
+# valgrind counts instructions for bench/instructions.py.
 DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chromium \
-	libpostgresql-jdbc-java
+	libpostgresql-jdbc-java valgrind
 
 .PHONY: help deps venv test demo bench lint schema clean
 
@@ -37,7 +38,7 @@ demo: deps venv
 	@scripts/demo.sh
 
 bench: deps venv
-	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
+	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/instructions.py --against 0020 && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
 
 schema: deps venv
 	@scripts/with-cluster.sh scripts/schema.sh

@@ -496,8 +496,11 @@ class Message(models.Model):
                 "admit_message",
                 when=pgtrigger.Before,
                 operation=pgtrigger.Insert,
+                # Every option column: the option rules run here (migration 0026).
                 condition=pgtrigger.Condition(
-                    "NEW.depends_on IS NOT NULL OR NEW.dedup_id IS NOT NULL"
+                    "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
+                    " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
+                    " OR NEW.retry_delay IS NOT NULL"
                 ),
             ),
         ]

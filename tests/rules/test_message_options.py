@@ -116,3 +116,23 @@ def test_a_plain_insert_is_held_to_the_same_rules(sql, raises_sql):
             "INSERT INTO pgmb_message (id, routing_key, body, available_at, group_key) "
             "VALUES (gen_random_uuid(), 'k', '1', now(), 'a b')"
         )
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("group_key", "'a b'"),
+        ("depends_on", "'{}'::uuid[]"),
+        ("dedup_id", "''"),
+        ("max_retries", "-1"),
+        ("retry_delay", "'NaN'::float8"),
+    ],
+)
+def test_each_option_alone_reaches_the_rules(sql, raises_sql, column, value):
+    """The admit trigger's WHEN lists every option column (0026): none slips past alone."""
+    with raises_sql("23514", "pgmb_message_options_valid"):
+        sql(
+            f"INSERT INTO pgmb_message (id, routing_key, body, available_at, {column}) "
+            f"VALUES (gen_random_uuid(), 'k', '1', now(), {value})"
+        )
+    assert sql("SELECT count(*) FROM pgmb_message") == [(0,)]

@@ -48,7 +48,7 @@ END IF;
 RETURN NULL;
 
 -- name: admit_message
--- Only messages with dependencies or a de-duplication id get here (the trigger's WHEN).
+-- Only messages with an option other than priority get here (the trigger's WHEN).
 RETURN pgmb.admit_message(NEW);
 
 -- name: hold_delivery

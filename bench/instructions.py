@@ -1,4 +1,4 @@
-"""Instructions per published message, counted by callgrind: pgmb against PGMQ 1.5.1.
+"""Instructions per message published or consumed, counted by callgrind: pgmb against PGMQ.
 
     scripts/with-cluster.sh .venv/bin/python bench/instructions.py [--against 0020]
 
@@ -15,10 +15,16 @@ variables written in.
 With ``--against MIGRATION`` a second database, migrated back to that pgmb migration, runs
 the pgmb cases too: what the migrations since then cost, in the same run.
 
+The cases: one message per statement (a plain INSERT, ``pgmq.send``, ``pgmb.send``),
+batches of 100, and consuming a queue (``read``(100) + ``delete`` of PGMQ and of a pgmb pull
+queue, and PGMQ's ``read`` + ``archive``), as bench/pgbench_publish.py and bench/pull.py
+run them with pgbench.
+
 Single-user mode plans every statement (pgbench ``-M prepared`` plans each once): the
-counts include parsing and planning the top-level statement, for every case alike.
-Commits wait for no flush here either (``fsync`` counts no instructions). The exit status
-is 1 if a statement failed or valgrind is missing, never for a ratio.
+counts include parsing and planning the top-level statement, for every case alike. A
+commit's flush takes time but few instructions: a ratio of counts is a ratio of CPU work,
+not of throughput. The exit status is 1 if a statement failed or valgrind is missing,
+never for a ratio.
 """
 
 from __future__ import annotations
@@ -32,22 +38,47 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import harness, pgbench_publish, pgbench_runner, publish  # noqa: E402
+from bench import harness, pgbench_publish, pgbench_runner, publish, pull  # noqa: E402
 
-#: (label, script of bench/pgbench/, messages a statement, which database: pgmb or pgmq)
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    #: A script of bench/pgbench/ (pgbench's variables are written in).
+    script: str
+    #: Messages a statement publishes or consumes.
+    messages: int
+    #: The cases whose counts this one's are held against (PGMQ's, the plain table's).
+    baseline: str | None = None
+    plain: str | None = None
+    #: Counted again in the database of ``--against`` (pull queues exist from 0023 only).
+    again: bool = False
+
+
 CASES = (
-    ("plain INSERT", "plain_send.sql", 1, "plain"),
-    ("pgmq.send()", "pgmq_send.sql", 1, "pgmq"),
-    ("pgmb.send()", "pgmb_send.sql", 1, "pgmb"),
-    ("plain INSERT ... SELECT 100", "plain_batch.sql", 100, "plain"),
-    ("pgmq.send_batch(100)", "pgmq_batch.sql", 100, "pgmq"),
-    ("pgmb INSERT ... SELECT 100", "pgmb_batch.sql", 100, "pgmb"),
+    Case("plain INSERT", "plain_send.sql", 1),
+    Case("pgmq.send()", "pgmq_send.sql", 1, plain="plain INSERT"),
+    Case("pgmb.send()", "pgmb_send.sql", 1, "pgmq.send()", "plain INSERT", again=True),
+    Case("plain INSERT ... SELECT 100", "plain_batch.sql", 100),
+    Case("pgmq.send_batch(100)", "pgmq_batch.sql", 100, plain="plain INSERT ... SELECT 100"),
+    Case(
+        "pgmb INSERT ... SELECT 100",
+        "pgmb_batch.sql",
+        100,
+        "pgmq.send_batch(100)",
+        "plain INSERT ... SELECT 100",
+        again=True,
+    ),
+    Case("pgmq.read(100) + delete", "pgmq_read_delete.sql", 100),
+    Case("pgmq.read(100) + archive", "pgmq_read_archive.sql", 100, "pgmq.read(100) + delete"),
+    Case("pgmb.read(100) + delete", "pgmb_read_delete.sql", 100, "pgmq.read(100) + delete"),
 )
 
 
@@ -134,9 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     old_db = f"{args.db}_old"
     with harness.scratch_database(args.db):
         publish.set_up(0)
-        failure = pgbench_publish.load_pgmq()
-        if failure is not None:
-            print(f"PGMQ did not load ({failure}): only pgmb and the plain table are counted")
         if args.against:
             from django.db import connections
 
@@ -159,6 +187,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check=True,
                 env={**os.environ, "PGMB_BENCH_DB": old_db},
             )
+        # The pull cases' queues, filled for both runs of each (PGMQ's two share one), after
+        # the copy for --against: pull queues exist from migration 0023 on.
+        pull.set_up()
+        failure = pgbench_publish.load_pgmq()
+        if failure is not None:
+            print(f"PGMQ did not load ({failure}): only pgmb and the plain table are counted")
+        size = 2 * (args.small + args.large) * pull.BATCH + 1000
+        body = json.dumps(publish.order_event(1))
+        with harness.connect() as conn:
+            for kind in ("pgmb",) if failure else ("pgmb", "pgmq"):
+                conn.execute(pull.CASES[kind][2], {"n": size, "body": body})
+            conn.execute("VACUUM ANALYZE")
         harness.print_machine(
             counted=f"valgrind --tool=callgrind, {args.small} and {args.large} statements a case",
             pgmq="1.5.1, loaded from bench/pgmq/pgmq.sql" if failure is None else "not loaded",
@@ -169,20 +209,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 scratch = Path(scratch_name)
                 os.chmod(scratch, 0o755)
                 copy, as_owner = copy_cluster(scratch / "cluster")
-                runs = [(label, script, n, kind, args.db) for label, script, n, kind in CASES]
+                runs = [(case, case.label, args.db) for case in CASES]
                 if args.against:
                     runs += [
-                        (f"{label}, at {args.against}", script, n, kind, old_db)
-                        for label, script, n, kind in CASES
-                        if kind == "pgmb"
+                        (case, f"{case.label}, at {args.against}", old_db)
+                        for case in CASES
+                        if case.again
                     ]
-                for label, script, per_statement, kind, database in runs:
-                    if kind == "pgmq" and failure is not None:
+                for case, label, database in runs:
+                    if failure is not None and case.script.startswith("pgmq"):
                         continue
-                    small = count(copy, as_owner, database, statements(script, args.small), scratch)
-                    large = count(copy, as_owner, database, statements(script, args.large), scratch)
-                    messages = (args.large - args.small) * per_statement
-                    results[label] = (large - small) / messages
+                    small, large = (
+                        count(copy, as_owner, database, statements(case.script, n), scratch)
+                        for n in (args.small, args.large)
+                    )
+                    results[label] = (large - small) / ((args.large - args.small) * case.messages)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"\nFAILED: {exc}")
             return 1
@@ -192,12 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     admin.execute(f'DROP DATABASE IF EXISTS "{old_db}" WITH (FORCE)')
 
     print(f"\n{'instructions per message':44} {'count':>10} {'vs pgmq':>8} {'vs plain':>9}")
+    cases = {case.label: case for case in CASES}
     for label, value in results.items():
-        batch = "100" in label
-        pgmq = results.get("pgmq.send_batch(100)" if batch else "pgmq.send()")
-        plain = results.get("plain INSERT ... SELECT 100" if batch else "plain INSERT")
-        ratio = f"{pgmq / value:8.2f}" if pgmq and "pgmq" not in label else " " * 8
-        vs_plain = f"{plain / value:9.2f}" if plain and "plain" not in label else " " * 9
+        case = cases[label.split(", at ")[0]]
+        pgmq = results.get(case.baseline or "")
+        plain = results.get(case.plain or "")
+        ratio = f"{pgmq / value:8.2f}" if pgmq else " " * 8
+        vs_plain = f"{plain / value:9.2f}" if plain else " " * 9
         print(f"  {label:42} {value:10,.0f} {ratio} {vs_plain}")
     print("\nratios: the baseline's count over the case's (above 1.0: fewer instructions)")
     return 0

@@ -2478,6 +2478,7 @@ END $$;
 CREATE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     q record;
@@ -2520,10 +2521,11 @@ BEGIN
             LIMIT remaining
             FOR UPDATE OF d SKIP LOCKED
         ), dead AS (
-            DELETE FROM pgmb_delivery d USING picked p WHERE d.id = p.id AND p.exhausted
+            DELETE FROM pgmb_delivery d
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
             RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
                       format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                             d.attempts, p.max_retries) AS error
+                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error
         ), dead_letters AS (
             INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
             SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
@@ -2539,16 +2541,15 @@ BEGIN
         ), r AS (
             UPDATE pgmb_delivery d
             SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
-            FROM picked p
-            WHERE d.id = p.id AND NOT p.exhausted
-            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, p.was, d.priority
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
         )
         SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
                              m.body, m.headers, m.routing_key)::pgmb.pull_message
-                         ORDER BY r.priority, r.was, r.id),
+                         ORDER BY r.priority, p.was, r.id),
                (SELECT count(*) FROM history)
         INTO got, buried
-        FROM r JOIN pgmb_message m ON m.id = r.message_id;
+        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id;
         IF got IS NOT NULL THEN
             RETURN QUERY SELECT * FROM unnest(got);
             remaining := remaining - cardinality(got);

@@ -1,0 +1,48 @@
+"""pgmb.read plans its statement once per session, and that plan finds rows by key (0027)."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+import pgmb
+from pgmb import pull
+
+
+def _plans_of_reads(queue_name: str, reads: int) -> list[str]:
+    """The plans auto_explain shows for the statements run by ``reads`` reads in a row."""
+    plans: list[str] = []
+    raw = connection.connection
+    handler = plans.append
+
+    def on_notice(diagnostic) -> None:
+        handler(diagnostic.message_primary or "")
+
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
+            cursor.execute(f"SET LOCAL auto_explain.{setting}")
+        raw.add_notice_handler(on_notice)
+        try:
+            for _ in range(reads):
+                pull.read(queue_name, 30, 10)
+        finally:
+            raw.remove_notice_handler(on_notice)
+            cursor.execute("SET LOCAL auto_explain.log_min_duration = -1")
+    return [plan for plan in plans if "Update on pgmb_delivery" in plan]
+
+
+def test_reads_use_one_generic_plan_that_finds_rows_by_key(make_pull_queue):
+    queue = make_pull_queue()
+    pgmb.send_batch(("k", {"n": n}) for n in range(3000))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgmb_delivery")
+    # Past the five custom plans after which PostgreSQL weighs the generic one.
+    plans = _plans_of_reads(queue.name, 7)
+    assert len(plans) == 7
+    for plan in plans:
+        # Generic: the queue is a parameter, not the constant of a custom plan.
+        assert "queue_id = $" in plan, plan
+        # The picked rows are updated through the primary key, never a scan of the table.
+        assert "Seq Scan on pgmb_delivery" not in plan, plan
+        assert "pgmb_delivery_pkey" in plan, plan
+        assert "pgmb_delivery_due" in plan, plan

@@ -8,9 +8,9 @@ with the same no-lost-wake-up handshake as the external dispatcher
 (``pgmb.dispatcher_idle``, docs/decisions.md). It also wakes when a message's visibility
 timeout or backoff runs out (``pgmb.pull_next_visible``).
 
-While it holds messages (read, not yet deleted or failed), :class:`pgmb.held_messages.
-HeldMessages` extends their visibility timeout from a thread of its own, so that a handler
-that runs longer than the timeout does not let another consumer read them meanwhile.
+While it holds messages (read, not yet deleted or failed), a thread of its own extends
+their visibility timeout (:class:`pgmb.held_messages.HeldMessages`), so that a handler that
+runs longer than the timeout does not let another consumer read them meanwhile.
 
 A database that cannot be reached is waited out, at the start as after a lost connection
 (a restart, a terminated backend): the consumer tries again with the dispatcher's backoff

@@ -69,8 +69,6 @@ class HeldMessages:
         self._conn: psycopg.Connection[Any] | None = None
         self._backoff = Backoff()
         self._failing = False
-        #: Successful extension statements, for logs and tests.
-        self.extensions = 0
 
     def hold(self, messages: Iterable[Message]) -> None:
         """Keep ``messages`` (just read) invisible until they are released."""
@@ -131,7 +129,6 @@ class HeldMessages:
                 return
             kept = run_on(conn, set_vt_call(self.queue, held, self.vt))
             self._due = time.monotonic() + self.interval
-            self.extensions += 1
             self._forget_lost(held, {m.id: m for m in kept})
         if self._failing:
             self._failing = False

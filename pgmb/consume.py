@@ -124,7 +124,7 @@ class Consumer:
         """:meth:`connect`, waiting for a database that does not accept connections yet
         (with the reconnection's backoff); None if stopped first. Errors on a working
         connection (an unknown queue, a push queue) are raised at once."""
-        return self._wait_for_connection(None)
+        return self._wait_for_connection(reconnecting=False)
 
     def _open(self) -> psycopg.Connection[Any]:
         conninfo = conninfo_from_django(self.using)
@@ -195,19 +195,18 @@ class Consumer:
             self._conn.close()
             self._conn = None
         self.registration = None
-        conn = self._wait_for_connection(Backoff())
-        if conn is not None:
-            log.warning("reconnected to the database")
-        return conn
+        return self._wait_for_connection(reconnecting=True)
 
-    def _wait_for_connection(self, backoff: Backoff | None) -> psycopg.Connection[Any] | None:
-        """Connect, trying again until the database answers or the consumer is stopped.
-        ``backoff``: wait before the first attempt (a reconnection); None: try at once."""
+    def _wait_for_connection(self, *, reconnecting: bool) -> psycopg.Connection[Any] | None:
+        """Connect, trying again until the database answers or the consumer is stopped
+        (None). A first connection tries at once, a reconnection after a first wait."""
+        backoff = Backoff()
         warned_at: float | None = None
+        attempts = 0
         while not self.stopping:
-            if backoff is not None:
+            if reconnecting or attempts:
                 time.sleep(backoff.next())
-            backoff = backoff or Backoff()
+            attempts += 1
             try:
                 conn = self._open()
             except _Unreachable as exc:
@@ -220,7 +219,9 @@ class Consumer:
                 else:
                     log.debug("database still unreachable: %s", _error_text(exc.error))
                 continue
-            if warned_at is not None:
+            if reconnecting:
+                log.warning("reconnected to the database")
+            elif attempts > 1:
                 log.warning("reached the database")
             return conn
         return None

@@ -8,10 +8,15 @@ with the same no-lost-wake-up handshake as the external dispatcher
 (``pgmb.dispatcher_idle``, docs/decisions.md). It also wakes when a message's visibility
 timeout or backoff runs out (``pgmb.pull_next_visible``).
 
-A lost connection (a database restart, a terminated backend) is waited out: the consumer
-reconnects with the dispatcher's backoff (at most half a second apart) and registers
-again; messages read but not yet deleted become visible again at the end of their
-visibility timeout, as after a crash.
+While it holds messages (read, not yet deleted or failed), a thread of its own extends
+their visibility timeout (:class:`pgmb.held_messages.HeldMessages`), so that a handler that
+runs longer than the timeout does not let another consumer read them meanwhile.
+
+A database that cannot be reached is waited out, at the start as after a lost connection
+(a restart, a terminated backend): the consumer tries again with the dispatcher's backoff
+(at most half a second apart) and registers again; messages read but not yet deleted
+become visible again at the end of their visibility timeout, as after a crash. Errors on a
+working connection (an unknown queue, a push queue) are raised.
 
 The handler gets one :class:`pgmb.pull.Message` (the default) or, with ``batch``, a list
 of up to ``batch`` of them. It returns: the messages are deleted (acknowledged). It raises:
@@ -34,7 +39,8 @@ import psycopg
 from . import conf, dispatchers, sql
 from .deliveries import run_on as _run
 from .dispatch.backoff import Backoff
-from .dispatch.database import conninfo_from_django
+from .dispatch.database import WARN_EVERY, conninfo_from_django
+from .held_messages import HeldMessages
 from .pull import (
     Message,
     delete_call,
@@ -56,6 +62,14 @@ MIN_SLEEP = 0.01
 def _error_text(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _Unreachable(Exception):
+    """A connection could not be opened, or broke while being set up: worth waiting out."""
+
+    def __init__(self, error: psycopg.OperationalError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Consumer:
@@ -92,13 +106,32 @@ class Consumer:
         self._settled = False
         self._conn: psycopg.Connection[Any] | None = None
         self._next_beat = 0.0
+        #: Created on the first connection, once the visibility timeout is known.
+        self._held: HeldMessages | None = None
 
     def stop(self) -> None:
         """Stop after the messages in hand: safe to call from a signal handler."""
         self.stopping = True
 
     def connect(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(**conninfo_from_django(self.using), autocommit=True)
+        """Connect and register once; raises the psycopg error of a failure."""
+        try:
+            return self._open()
+        except _Unreachable as exc:
+            raise exc.error from None
+
+    def connect_waiting(self) -> psycopg.Connection[Any] | None:
+        """:meth:`connect`, waiting for a database that does not accept connections yet
+        (with the reconnection's backoff); None if stopped first. Errors on a working
+        connection (an unknown queue, a push queue) are raised at once."""
+        return self._wait_for_connection(reconnecting=False)
+
+    def _open(self) -> psycopg.Connection[Any]:
+        conninfo = conninfo_from_django(self.using)
+        try:
+            conn = psycopg.connect(**conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise _Unreachable(exc) from exc
         try:
             conn.execute(sql.query("dispatcher.sql", "listen"))
             # Checks the queue (unknown, or not a pull queue: an error) and gives the
@@ -112,9 +145,17 @@ class Consumer:
                     dispatchers.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
                 ),
             )
+        except psycopg.OperationalError as exc:
+            broken = conn.broken or conn.closed
+            conn.close()
+            if broken:
+                raise _Unreachable(exc) from exc
+            raise
         except BaseException:
             conn.close()
             raise
+        if self._held is None:
+            self._held = HeldMessages(self.queue, self.vt or 0, conninfo)
         self._waiting = self._settled = False
         self._next_beat = time.monotonic() + self.heartbeat
         self._conn = conn
@@ -154,19 +195,40 @@ class Consumer:
             self._conn.close()
             self._conn = None
         self.registration = None
+        return self._wait_for_connection(reconnecting=True)
+
+    def _wait_for_connection(self, *, reconnecting: bool) -> psycopg.Connection[Any] | None:
+        """Connect, trying again until the database answers or the consumer is stopped
+        (None). A first connection tries at once, a reconnection after a first wait."""
         backoff = Backoff()
+        warned_at: float | None = None
+        attempts = 0
         while not self.stopping:
-            time.sleep(backoff.next())
+            if reconnecting or attempts:
+                time.sleep(backoff.next())
+            attempts += 1
             try:
-                conn = self.connect()
-            except psycopg.OperationalError as exc:
-                log.debug("database still unreachable: %s", _error_text(exc))
+                conn = self._open()
+            except _Unreachable as exc:
+                now = time.monotonic()
+                if warned_at is None or now - warned_at >= WARN_EVERY:
+                    warned_at = now
+                    log.warning(
+                        "cannot reach the database (%s): trying again", _error_text(exc.error)
+                    )
+                else:
+                    log.debug("database still unreachable: %s", _error_text(exc.error))
                 continue
-            log.warning("reconnected to the database")
+            if reconnecting:
+                log.warning("reconnected to the database")
+            elif attempts > 1:
+                log.warning("reached the database")
             return conn
         return None
 
     def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -204,24 +266,32 @@ class Consumer:
         )
         done: list[Message] = []
         failed: list[tuple[Message, str]] = []
-        for i, group in enumerate(groups):
-            if self.stopping and i > 0:
-                # Stopping: what was read and not handled is visible again at once.
-                rest = [m for g in groups[i:] for m in g]
-                _run(conn, set_vt_call(self.queue, rest, 0))
-                break
-            try:
-                self.handler(group if self.batch else group[0])
-            except (Exception, SystemExit) as exc:  # fails its messages, never the loop
-                log.warning(
-                    "handler failed on %s of %s: %s",
-                    ", ".join(str(m.id) for m in group),
-                    self.queue,
-                    _error_text(exc),
-                )
-                failed += [(m, _error_text(exc)) for m in group]
-            else:
-                done += group
+        rest: list[Message] = []
+        assert self._held is not None  # set by the connection that read them
+        self._held.hold(messages)
+        try:
+            for i, group in enumerate(groups):
+                if self.stopping and i > 0:
+                    rest = [m for g in groups[i:] for m in g]
+                    break
+                try:
+                    self.handler(group if self.batch else group[0])
+                except (Exception, SystemExit) as exc:  # fails its messages, never the loop
+                    log.warning(
+                        "handler failed on %s of %s: %s",
+                        ", ".join(str(m.id) for m in group),
+                        self.queue,
+                        _error_text(exc),
+                    )
+                    failed += [(m, _error_text(exc)) for m in group]
+                else:
+                    done += group
+        finally:
+            # Before settling: an extension after a nack or a hand-back would undo it.
+            self._held.release(messages)
+        if rest:
+            # Stopping: what was read and not handled is visible again at once.
+            _run(conn, set_vt_call(self.queue, rest, 0))
         if done:
             self.deleted += len(_run(conn, delete_call(self.queue, done)))
         if failed:

@@ -1,19 +1,25 @@
 """``manage.py pgmb_consume`` as a real process: per message and per batch, acks on
-return, retries and dead letters on exceptions, wake-ups by NOTIFY, graceful stops."""
+return, retries and dead letters on exceptions, wake-ups by NOTIFY, graceful stops, the
+messages in hand kept invisible while the handler runs, a database waited for."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection
+from psycopg import sql
 
 import pgmb
-from pgmb import pull
+from pgmb import held_messages, pull
+from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess
 from tests.waiting import wait_until
 
@@ -157,7 +163,194 @@ def test_a_lost_connection_is_waited_out_and_consuming_goes_on(consume, make_pul
     pgmb.send("k", {"n": 2})
     wait_until(lambda: len(_lines(out)) == 2, message="the message after the outage handled")
     assert [line["body"]["n"] for line in _lines(out)] == [1, 2]
-    assert not Delivery.objects.filter(queue=queue).exists()
+    # The handler writes its line before it returns, and the delete comes after.
+    wait_until(lambda: not Delivery.objects.filter(queue=queue).exists(), message="the ack")
     _, stderr = _stop(proc)
     assert "connection to the database lost" in stderr
     assert "reconnected to the database" in stderr
+
+
+# Keeping what it holds: the visibility timeout of the messages in hand is extended while
+# the handler runs (pgmb.held_messages), on a connection named for it.
+
+
+class _Stderr:
+    """The lines a process writes to stderr, collected as they come (a test waits on them
+    while the process runs)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, args=(proc.stderr,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def has(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+
+def _terminate(proc: subprocess.Popen) -> str:
+    """SIGTERM, then the exit status 0 and stdout (stderr is read by a :class:`_Stderr`)."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    return proc.stdout.read()
+
+
+def _db_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _extensions_seen(delivery_id: int, seen: list) -> int:
+    """Records the delivery's visibility timeout when it moved; fails if it was read again
+    meanwhile. Returns how often it moved forward."""
+    delivery = Delivery.objects.get(pk=delivery_id)
+    assert delivery.attempts == 1, "read again while the handler held it"
+    if delivery.available_at != seen[-1]:
+        assert delivery.available_at > seen[-1]
+        seen.append(delivery.available_at)
+    return len(seen) - 1
+
+
+def test_a_handler_longer_than_the_visibility_timeout_keeps_its_message(
+    consume, make_pull_queue, out, tmp_path
+):
+    queue = make_pull_queue()
+    pgmb.send("k", {"n": 1})
+    proc = consume(queue.name, "--handler", "tests.pull.handlers.held", "--vt", "3")
+    wait_until(lambda: _lines(out), message="the message in the handler")
+    delivery = Delivery.objects.get(queue=queue)
+    # The end of the read's own timeout: the handler is still running well past it.
+    seen = [delivery.available_at]
+    stolen: list = []
+
+    def held_past_its_first_timeout() -> bool:
+        # Another client reads the same queue all along: it never gets the message.
+        stolen.extend(pull.read(queue.name, 30, 10))
+        assert not stolen, "another reader got the message the handler holds"
+        return _extensions_seen(delivery.pk, seen) >= 2 and _db_now() > seen[0]
+
+    wait_until(
+        held_past_its_first_timeout,
+        message=lambda: f"two extensions and the first timeout over (moved {len(seen) - 1})",
+    )
+    (tmp_path / "gate").touch()
+    wait_until(lambda: not Delivery.objects.filter(queue=queue).exists(), message="the ack")
+    assert [line["read_ct"] for line in _lines(out)] == [1]
+    assert list(Attempt.objects.filter(queue=queue).values_list("outcome", flat=True)) == ["ack"]
+    assert "1 deleted, 0 failed" in _stop(proc)[0]
+
+
+def test_a_killed_consumer_lets_its_message_come_back_to_another(consume, make_pull_queue, out):
+    queue = make_pull_queue()
+    pgmb.send("k", {"n": 1})
+    first = consume(queue.name, "--handler", "tests.pull.handlers.held", "--vt", "2")
+    wait_until(lambda: _lines(out), message="the message in the first consumer's handler")
+    delivery = Delivery.objects.get(queue=queue)
+    seen = [delivery.available_at]
+    wait_until(lambda: _extensions_seen(delivery.pk, seen) >= 1, message="an extension")
+    first.kill()
+    first.wait(timeout=60)
+    # Nothing extends it now: it is visible again at the end of the last extension, and
+    # read by the next consumer.
+    second = consume(queue.name, "--handler", "tests.pull.handlers.record")
+    wait_until(
+        lambda: not Delivery.objects.filter(queue=queue).exists(),
+        message="the message handled by the second consumer",
+    )
+    assert [(line["id"], line["read_ct"]) for line in _lines(out)] == [
+        (delivery.pk, 1),
+        (delivery.pk, 2),
+    ]
+    assert list(Attempt.objects.filter(queue=queue).values_list("outcome", flat=True)) == ["ack"]
+    assert "1 deleted, 0 failed" in _stop(second)[0]
+
+
+def test_failed_extensions_are_logged_and_never_stop_the_handler_or_the_consumer(
+    consume, make_pull_queue, out, tmp_path
+):
+    queue = make_pull_queue()
+    pgmb.send("k", {"n": 1})
+    proc = consume(queue.name, "--handler", "tests.pull.handlers.held", "--vt", "2")
+    stderr = _Stderr(proc)
+    wait_until(lambda: _lines(out), message="the message in the handler")
+    delivery = Delivery.objects.get(queue=queue)
+    seen = [delivery.available_at]
+    wait_until(lambda: _extensions_seen(delivery.pk, seen) >= 1, message="an extension")
+    # Its connection lost: logged, connected again, extending again.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            [held_messages.APPLICATION_NAME],
+        )
+        assert (True,) in cursor.fetchall()
+    wait_until(
+        lambda: stderr.has("could not extend the visibility timeouts"), message="the failure"
+    )
+    moved = _extensions_seen(delivery.pk, seen)
+    wait_until(lambda: _extensions_seen(delivery.pk, seen) > moved, message="extended again")
+    assert stderr.has(f"extending the visibility timeouts of {queue.name} again")
+    # Another client settles it: logged, and let go.
+    assert pull.delete(queue.name, [delivery.pk]) == [delivery.pk]
+    wait_until(
+        lambda: stderr.has(f"message {delivery.pk} of {queue.name} is not kept invisible"),
+        message="the message let go",
+    )
+    assert stderr.has("it is no longer in the queue")
+    (tmp_path / "gate").touch()
+    # The handler returned (its delete found nothing left) and the consumer goes on.
+    pgmb.send("k", {"n": 2})
+    wait_until(lambda: len(_lines(out)) == 2, message="the next message handled")
+    wait_until(lambda: not Delivery.objects.filter(queue=queue).exists(), message="its ack")
+    assert proc.poll() is None
+    assert "1 deleted, 0 failed" in _terminate(proc)
+
+
+# The first connection: a database that does not accept connections yet is waited for.
+
+
+@contextmanager
+def _closed_to_connections() -> Iterator[None]:
+    """The test database refuses new connections (the open ones stay), then accepts them."""
+    name = sql.Identifier(connection.settings_dict["NAME"])
+    # A database cannot close itself: this runs from the server's maintenance database.
+    other = {**conninfo_from_django("default"), "dbname": "postgres"}
+    with psycopg.connect(**other, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
+    try:
+        yield
+    finally:
+        with psycopg.connect(**other, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
+
+
+def test_waits_for_the_database_at_the_start(consume, make_pull_queue, out):
+    queue = make_pull_queue()
+    pgmb.send("k", {"n": 1})
+    with _closed_to_connections():
+        proc = consume(queue.name, "--handler", "tests.pull.handlers.record")
+        stderr = _Stderr(proc)
+        wait_until(lambda: stderr.has("cannot reach the database"), message="a refusal")
+        assert stderr.has("is not currently accepting connections")
+        assert proc.poll() is None
+        assert not DispatcherProcess.objects.exists()
+    wait_until(lambda: _lines(out), message="the message handled once the database is back")
+    wait_until(lambda: not Delivery.objects.filter(queue=queue).exists(), message="the ack")
+    assert DispatcherProcess.objects.filter(kind="consumer", stopped_at=None).count() == 1
+    assert "reached the database" in "".join(stderr.lines)
+    stdout = _terminate(proc)
+    assert "consuming" in stdout
+    assert "1 deleted, 0 failed" in stdout
+
+
+def test_a_consumer_waiting_for_the_database_stops_on_sigterm(consume, make_pull_queue):
+    queue = make_pull_queue()
+    with _closed_to_connections():
+        proc = consume(queue.name, "--handler", "tests.pull.handlers.record")
+        stderr = _Stderr(proc)
+        wait_until(lambda: stderr.has("cannot reach the database"), message="a refusal")
+        stdout = _terminate(proc)
+    assert "stopped before the database could be reached" in stdout
+    assert not DispatcherProcess.objects.exists()

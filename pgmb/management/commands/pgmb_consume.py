@@ -21,7 +21,9 @@ class Command(BaseCommand):
     help = (
         "Consume a pull queue (a queue without a worker): read its messages, call the "
         "handler, delete them when it returns, fail them (retry after the queue's backoff) "
-        "when it raises. Stops after the messages in hand on SIGTERM/SIGINT."
+        "when it raises. Keeps the messages in hand invisible to other readers while the "
+        "handler runs; waits for a database that cannot be reached. Stops after the "
+        "messages in hand on SIGTERM/SIGINT."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -46,7 +48,8 @@ class Command(BaseCommand):
             type=_positive(float),
             default=None,
             metavar="SECONDS",
-            help="Visibility timeout of each read (default: the queue's lease).",
+            help="Visibility timeout of each read (default: the queue's lease); extended "
+            "every third of it while the handler runs.",
         )
         parser.add_argument(
             "--poll-interval",
@@ -74,16 +77,21 @@ class Command(BaseCommand):
             max_messages=opts["max_messages"],
             poll_interval=opts["poll_interval"],
         )
-        try:
-            consumer.connect()
-        except psycopg.Error as exc:
-            raise CommandError(str(exc).strip().splitlines()[0]) from exc
 
         def stop(signum: int, frame: Any) -> None:
             consumer.stop()
 
+        # Before connecting: a consumer still waiting for the database stops on them too.
         previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
+            try:
+                conn = consumer.connect_waiting()
+            except psycopg.Error as exc:
+                raise CommandError(str(exc).strip().splitlines()[0]) from exc
+            if conn is None:
+                if opts["verbosity"] >= 1:
+                    self.stdout.write("stopped before the database could be reached")
+                return
             if opts["verbosity"] >= 1:
                 self.stdout.write(f"consuming {opts['queue']}", ending="\n")
                 self.stdout.flush()

@@ -49,8 +49,8 @@ class Command(BaseCommand):
             type=_positive(float),
             default=None,
             metavar="SECONDS",
-            help="How long a task may run before its message is read again (default: each "
-            "queue's lease).",
+            help="Visibility timeout of each read, extended while the task runs: how long a "
+            "dead worker's task waits before it runs again (default: each queue's lease).",
         )
         parser.add_argument(
             "--create-queues",

@@ -58,8 +58,10 @@ class Case:
     #: The cases whose counts this one's are held against (PGMQ's, the plain table's).
     baseline: str | None = None
     plain: str | None = None
-    #: Counted again in the database of ``--against`` (pull queues exist from 0023 only).
+    #: Counted again in the database of ``--against``.
     again: bool = False
+    #: Consumes a pgmb pull queue: counted again if ``--against`` has them (0023 on).
+    pull: bool = False
 
 
 CASES = (
@@ -78,7 +80,13 @@ CASES = (
     ),
     Case("pgmq.read(100) + delete", "pgmq_read_delete.sql", 100),
     Case("pgmq.read(100) + archive", "pgmq_read_archive.sql", 100, "pgmq.read(100) + delete"),
-    Case("pgmb.read(100) + delete", "pgmb_read_delete.sql", 100, "pgmq.read(100) + delete"),
+    Case(
+        "pgmb.read(100) + delete",
+        "pgmb_read_delete.sql",
+        100,
+        "pgmq.read(100) + delete",
+        pull=True,
+    ),
 )
 
 
@@ -151,6 +159,23 @@ def count(copy: Path, as_owner: list[str], database: str, sql_text: str, scratch
     return int(found.group(1))
 
 
+def _copy_back(migration: str | None, database: str, copy: str) -> None:
+    """``copy``: a copy of ``database`` migrated back to pgmb's ``migration`` (if any)."""
+    if not migration:
+        return
+    from django.db import connections
+
+    connections.close_all()
+    with harness.connect(os.environ.get("PGDATABASE", "postgres")) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{copy}"')
+        admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{database}"')
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "pgmb", migration, "-v", "0", "--skip-checks"],
+        check=True,
+        env={**os.environ, "PGMB_BENCH_DB": copy},
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", type=int, default=50, help="statements of the first run")
@@ -165,30 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     old_db = f"{args.db}_old"
     with harness.scratch_database(args.db):
         publish.set_up(0)
-        if args.against:
-            from django.db import connections
-
-            connections.close_all()
-            with harness.connect(os.environ.get("PGDATABASE", "postgres")) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{old_db}"')
-                admin.execute(f'CREATE DATABASE "{old_db}" TEMPLATE "{args.db}"')
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "django",
-                    "migrate",
-                    "pgmb",
-                    args.against,
-                    "-v",
-                    "0",
-                    "--skip-checks",
-                ],
-                check=True,
-                env={**os.environ, "PGMB_BENCH_DB": old_db},
-            )
-        # The pull cases' queues, filled for both runs of each (PGMQ's two share one), after
-        # the copy for --against: pull queues exist from migration 0023 on.
+        # The pull cases' queues, filled for both runs of each (PGMQ's two share one); before
+        # the copy for --against only if that migration has pull queues (0023 on).
+        pull_again = bool(args.against) and args.against[:4] >= "0023"
+        if not pull_again:
+            _copy_back(args.against, args.db, old_db)
         pull.set_up()
         failure = pgbench_publish.load_pgmq()
         if failure is not None:
@@ -199,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for kind in ("pgmb",) if failure else ("pgmb", "pgmq"):
                 conn.execute(pull.CASES[kind][2], {"n": size, "body": body})
             conn.execute("VACUUM ANALYZE")
+        if pull_again:
+            _copy_back(args.against, args.db, old_db)
         harness.print_machine(
             counted=f"valgrind --tool=callgrind, {args.small} and {args.large} statements a case",
             pgmq="1.5.1, loaded from bench/pgmq/pgmq.sql" if failure is None else "not loaded",
@@ -214,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs += [
                         (case, f"{case.label}, at {args.against}", old_db)
                         for case in CASES
-                        if case.again
+                        if case.again or (case.pull and pull_again)
                     ]
                 for case, label, database in runs:
                     if failure is not None and case.script.startswith("pgmq"):

@@ -130,8 +130,8 @@ CREATE TABLE public.pgmb_queue (
     paused boolean DEFAULT false NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     worker_id uuid,
-    literal_words text[] DEFAULT '{}'::text[] NOT NULL,
     dedup_window double precision DEFAULT 300.0 NOT NULL,
+    binding_tags text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT pgmb_queue_backoff_valid CHECK (((backoff_base >= (0)::double precision) AND (backoff_max >= backoff_base))),
     CONSTRAINT pgmb_queue_dedup_window_valid CHECK (((dedup_window >= (0)::double precision) AND (dedup_window <= (2592000)::double precision))),
     CONSTRAINT pgmb_queue_lease_positive CHECK ((lease_seconds > (0)::double precision)),
@@ -531,7 +531,7 @@ BEGIN
         -- Concurrent publishers of one dedup id take turns; the second sees the first.
         PERFORM pg_advisory_xact_lock(hashtextextended('pgmb dedup ' || m.dedup_id, 0));
         SELECT max(q.dedup_window) INTO window_seconds FROM pgmb_queue q
-        WHERE q.literal_words <@ string_to_array(m.routing_key, '.')
+        WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key)
           AND ('.' || m.routing_key) ~ q.pattern;
         IF window_seconds > 0 AND EXISTS (
             SELECT FROM pgmb_message x
@@ -576,14 +576,19 @@ CREATE FUNCTION pgmb.archive_lock_key(kind text) RETURNS bigint
 $$;
 
 --
--- Name: binding_literals(text); Type: FUNCTION; Schema: pgmb; Owner: -
+-- Name: binding_tags(text); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
-CREATE FUNCTION pgmb.binding_literals(binding_key text) RETURNS text[]
+CREATE FUNCTION pgmb.binding_tags(binding_key text) RETURNS text[]
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$
-    SELECT coalesce(array_agg(word), '{}')
-    FROM unnest(string_to_array(binding_key, '.')) AS word
+    SELECT coalesce(array_agg(CASE
+               WHEN NOT '#' = ANY (words[:i - 1]) AND i <= 4 THEN i || '.' || word
+               WHEN NOT '#' = ANY (words[i + 1:]) AND cardinality(words) - i + 1 <= 4
+                   THEN '-' || (cardinality(words) - i + 1) || '.' || word
+               ELSE word END ORDER BY i), '{}')
+    FROM string_to_array(binding_key, '.') AS words,
+         unnest(words) WITH ORDINALITY AS w(word, i)
     WHERE word NOT IN ('*', '#')
 $$;
 
@@ -1861,6 +1866,20 @@ BEGIN
 END $$;
 
 --
+-- Name: key_tags(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.key_tags(routing_key text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT string_to_array(routing_key, '.') || ARRAY[
+        '1.' || split_part(routing_key, '.', 1), '-1.' || split_part(routing_key, '.', -1),
+        '2.' || split_part(routing_key, '.', 2), '-2.' || split_part(routing_key, '.', -2),
+        '3.' || split_part(routing_key, '.', 3), '-3.' || split_part(routing_key, '.', -3),
+        '4.' || split_part(routing_key, '.', 4), '-4.' || split_part(routing_key, '.', -4)]
+$$;
+
+--
 -- Name: maintenance(interval); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -2283,7 +2302,7 @@ BEGIN
                   DETAIL = format('Both would own the view pgmb.%I.', pgmb.view_base(q.name) || '_queue');
     END IF;
     q.pattern := pgmb.compile_binding(q.binding_key);
-    q.literal_words := pgmb.binding_literals(q.binding_key);
+    q.binding_tags := pgmb.binding_tags(q.binding_key);
     IF q.max_retries IS NULL OR q.max_retries < 0 THEN
         RAISE EXCEPTION 'invalid max_retries % for queue %: it must be 0 or more', q.max_retries, q.name
             USING ERRCODE = 'invalid_parameter_value';
@@ -3774,18 +3793,19 @@ INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, 
                            priority, group_key, depends_on)
 SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key, m.depends_on
 FROM new_messages AS m
--- Candidates first: a queue whose binding has a literal word that is not a word of the key
--- cannot match (with many queues, a lookup in the GIN index pgmb_queue_literal_words;
--- migration 0019). PostgreSQL caches only 32 compiled regexes per backend; past that every
--- match compiles its pattern again. A binding whose first word is literal matches only keys
--- with that first word, so that cheap test runs next (CASE fixes the order) and spares the
--- regex.
+-- The key's tags (pgmb.key_tags, migration 0028), once per message: OFFSET 0 keeps the
+-- subquery a step of its own, where inlined into the join condition a scan of a few
+-- queues would compute them once per queue.
+CROSS JOIN LATERAL (SELECT pgmb.key_tags(m.routing_key) AS tags OFFSET 0) AS k
+-- Only a queue whose binding's tags are all tags of the key can match, so few queues reach
+-- the regex (PostgreSQL caches only 32 compiled regexes per backend; past that every match
+-- compiles its pattern again). With many queues the first test is a lookup in the GIN
+-- index pgmb_queue_binding_tags, once per distinct key of the statement (Memoize). With a
+-- few, scanned, the CASE makes the cheap test run first: the regex alone needs only m and
+-- q, and the planner would otherwise run it on every pair before joining k.
 JOIN pgmb_queue AS q
-  ON q.literal_words <@ string_to_array(m.routing_key, '.')
- AND CASE WHEN split_part(q.binding_key, '.', 1) IN ('*', '#')
-            OR split_part(q.binding_key, '.', 1) = split_part(m.routing_key, '.', 1)
-          THEN ('.' || m.routing_key) ~ q.pattern
-          ELSE false END;
+  ON q.binding_tags <@ k.tags
+ AND CASE WHEN q.binding_tags <@ k.tags THEN ('.' || m.routing_key) ~ q.pattern END;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;
@@ -4053,10 +4073,10 @@ CREATE INDEX pgmb_message_dedup ON public.pgmb_message USING btree (dedup_id, cr
 CREATE INDEX pgmb_message_routing_key ON public.pgmb_message USING btree (routing_key varchar_pattern_ops);
 
 --
--- Name: pgmb_queue_literal_words; Type: INDEX; Schema: public; Owner: -
+-- Name: pgmb_queue_binding_tags; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX pgmb_queue_literal_words ON public.pgmb_queue USING gin (literal_words);
+CREATE INDEX pgmb_queue_binding_tags ON public.pgmb_queue USING gin (binding_tags);
 
 --
 -- Name: pgmb_queue_name_ad815ccf_like; Type: INDEX; Schema: public; Owner: -
@@ -4170,7 +4190,7 @@ CREATE TRIGGER pgtrigger_route_messages_110b5 AFTER INSERT ON public.pgmb_messag
 -- Name: TRIGGER pgtrigger_route_messages_110b5 ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS 'ab739e199afbc1ea7348d0ae4f862ebdede582ea';
+COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '1d16c06639debf48aff46ef5861029a5d4d995e7';
 
 --
 -- Name: pgmb_worker pgtrigger_worker_validate_2c011; Type: TRIGGER; Schema: public; Owner: -

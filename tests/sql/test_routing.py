@@ -2,11 +2,19 @@
 the trigger itself, so all three agree."""
 
 import itertools
+import random
 
 import pytest
 
 from pgmb import deliveries, routing
 from pgmb.models import Delivery, Message
+
+#: The longest keys allowed (255 characters, 124 words), "first" and "last" at the ends.
+LONGEST = ".".join(["first", *["x"] * 118, "yy", "x", "x", "x", "last"])
+#: As LONGEST with one word changed, past the places the routing tags name.
+LONGEST_OTHER = LONGEST.replace("yy", "zz")
+
+assert len(LONGEST) == routing.MAX_KEY_LENGTH
 
 # (binding key, routing key, routed?)
 TRUTH_TABLE = [
@@ -62,6 +70,57 @@ TRUTH_TABLE = [
     ("a\\b", "a\\b", True),
     ("café.*", "café.crème", True),
     ("$.^", "$.^", True),
+    # The places of literal words (routing tags, migration 0027): `#` in the middle, `*`
+    # before and after `#`, repeated words, a word at another place, single words, the
+    # places past the four that the tags name, and the longest keys.
+    ("a.#.b", "a.b", True),
+    ("a.#.b", "a.x.y.b", True),
+    ("a.#.b", "b.x.a", False),
+    ("*.#.b", "a.b", True),
+    ("*.#.b", "b", False),
+    ("#.*.b", "x.y.b", True),
+    ("a.#.*", "a.x", True),
+    ("a.#.*", "a", False),
+    ("*.a.#.b.*", "x.a.b.y", True),
+    ("*.a.#.b.*", "a.x.b.y", False),
+    ("#.a.#", "x.a.y", True),
+    ("#.a.#", "x.y", False),
+    ("a.*.b", "a.x.b", True),
+    ("a.*.b", "b.x.a", False),
+    ("a.*.b", "a.b.b", True),
+    ("a.a", "a.a", True),
+    ("a.a", "a", False),
+    ("a.#.a", "a", False),
+    ("a.#.a", "a.a", True),
+    ("b.#", "a.b", False),
+    ("#.a", "a.b", False),
+    ("*.*.*.d.#", "a.b.c.d.e", True),
+    ("*.*.*.d.#", "d.b.c.a.e", False),
+    ("*.*.*.*.e.#", "a.b.c.d.e.f", True),
+    ("*.*.*.*.e.#", "e.b.c.d.x.f", False),
+    ("#.e.*.*.*.*", "e.a.b.c.d", True),
+    ("#.e.*.*.*.*", "a.b.c.d.e", False),
+    ("a.b.c.d.e.f.g.h.i", "a.b.c.d.e.f.g.h.i", True),
+    ("a.b.c.d.e.f.g.h.i", "a.b.c.d.x.f.g.h.i", False),
+    ("a.b.c.d.e.f.g.h.i", "a.b.c.d.f.e.g.h.i", False),
+    ("a", "a", True),
+    ("a", "b", False),
+    ("a", "a.a", False),
+    ("#", "a", True),
+    ("*", "a", True),
+    ("#.a.#.b.#", "b.a.b", True),
+    ("#.a.#.b.#", "b.a", False),
+    (LONGEST, LONGEST, True),
+    (LONGEST, LONGEST_OTHER, False),
+    ("first.#.last", LONGEST, True),
+    ("#.x.#", LONGEST, True),
+    ("*.x.#.x.*", LONGEST, True),
+    ("#.yy.x.x.x.*", LONGEST, True),
+    ("#.yy.x.x.x.*", LONGEST_OTHER, False),
+    ("last.#", LONGEST, False),
+    ("#.first", LONGEST, False),
+    ("#", LONGEST, True),
+    ("*", LONGEST, False),
 ]
 
 
@@ -141,28 +200,112 @@ def _publish_and_compare(sql, bindings: list[str], keys: list[str]) -> set[tuple
     return routed
 
 
-def test_candidate_queues_by_literal_words_miss_no_match(make_worker, make_queue, sql):
-    """Routing picks candidates by the bindings' literal words (migration 0019) before it
-    runs their regexes: every shape of binding, many keys, the same answer as Python's."""
+def test_candidate_queues_by_tags_miss_no_match(make_worker, make_queue, sql):
+    """Routing picks candidates by the bindings' tags (migration 0027) before it runs their
+    regexes: every shape of binding, many keys, the same answer as Python's."""
     worker = make_worker()
     shapes = ("s{n}.*.#", "*.s{n}.created", "#.s{n}", "s{n}.#.eu", "#.s{n}.#", "s{n}", "*.*.s{n}")
     bindings = [shape.format(n=n) for n in range(12) for shape in shapes]
-    bindings += ["#", "*", "*.*", "#.*", "a..c"]
+    bindings += ["#", "*", "*.*", "#.*", "a..c", "*.#.c.*", "a.#.a", "#.created.*.*.*.*"]
     for binding in bindings:
         make_queue(binding, worker=worker)
     words = ["s1", "s7", "s11", "created", "eu", "x", "", "a", "c"]
     keys = sorted({".".join(c) for c in itertools.product(words, repeat=3)} | set(words) - {""})
+    keys += ["a.s1.x.x.created.c.eu", "created.x.x.x.x", "s1.a.a.a.a.a.a.a.a.a.created"]
     routed = _publish_and_compare(sql, bindings, keys)
     assert len(routed) > 1000  # not vacuous
 
 
-def test_literal_words_follow_the_binding(make_queue, sql):
+# (binding key, its tags): a literal word's place from the start while no `#` precedes it
+# ("i.w"), else from the end while no `#` follows it ("-j.w"), at most 4th either way;
+# else the plain word.
+BINDING_TAGS = [
+    ("order.*", ["1.order"]),
+    ("order.*.#.eu", ["1.order", "-1.eu"]),
+    ("*.svc1.created", ["2.svc1", "3.created"]),
+    ("#.svc1", ["-1.svc1"]),
+    ("a.#.b.#.c", ["1.a", "b", "-1.c"]),
+    ("*.#.x.*", ["-2.x"]),
+    ("a.b.c.d.e.f", ["1.a", "2.b", "3.c", "4.d", "-2.e", "-1.f"]),
+    ("a.b.c.d.e.f.g.h.i.j", ["1.a", "2.b", "3.c", "4.d", "e", "f", "-4.g", "-3.h", "-2.i", "-1.j"]),
+    ("*.*.*.*.e.#", ["e"]),
+    ("a.a", ["1.a", "2.a"]),
+    ("a..b", ["1.a", "2.", "3.b"]),
+    ("1.2", ["1.1", "2.2"]),
+    ("#", []),
+    ("*", []),
+    ("*.#.*", []),
+]
+
+
+@pytest.mark.parametrize(("binding", "tags"), BINDING_TAGS)
+def test_binding_tags(binding, tags, sql):
+    assert sql("SELECT pgmb.binding_tags(%s)", (binding,)) == [(tags,)]
+
+
+def test_key_tags_name_every_word_at_its_places(sql):
+    [(tags,)] = sql("SELECT pgmb.key_tags('order.created.eu')")
+    words = ["order", "created", "eu"]
+    from_start = ["1.order", "2.created", "3.eu", "4."]
+    from_end = ["-1.eu", "-2.created", "-3.order", "-4."]
+    assert sorted(tags) == sorted([*words, *from_start, *from_end])
+
+
+def test_binding_tags_follow_the_binding(make_queue, sql):
     queue = make_queue("order.*.#.eu")
-    literal = "SELECT literal_words FROM pgmb_queue WHERE id = %s"
-    assert sql(literal, (queue.pk,)) == [(["order", "eu"],)]
+    tags = "SELECT binding_tags FROM pgmb_queue WHERE id = %s"
+    assert sql(tags, (queue.pk,)) == [(["1.order", "-1.eu"],)]
     queue.binding_key = "#"
     queue.save()
-    assert sql(literal, (queue.pk,)) == [([],)]
+    assert sql(tags, (queue.pk,)) == [([],)]
+    sql("UPDATE pgmb_queue SET binding_key = 'a.*.b' WHERE id = %s", (queue.pk,))
+    assert sql(tags, (queue.pk,)) == [(["1.a", "3.b"],)]
+
+
+def _random_keys(rng: random.Random, count: int, wildcards: bool) -> list[str]:
+    words = ["a", "b", "x", ""] + (["*", "#", "*", "#"] if wildcards else [])
+    keys: set[str] = set()
+    while len(keys) < count:
+        key = ".".join(rng.choice(words) for _ in range(rng.randint(1, 10)))
+        if key:
+            keys.add(key)
+    return sorted(keys)
+
+
+def test_tags_never_reject_a_match(sql):
+    """The tags are an exact pre-filter: over every pair of the truth table's bindings and
+    keys and of random ones, each pair Python's matcher routes has the binding's tags among
+    the key's; and the filter does filter."""
+    rng = random.Random(20261123)
+    bindings = sorted({b for b, _, _ in TRUTH_TABLE} | set(_random_keys(rng, 400, True)))
+    keys = sorted({k for _, k, _ in TRUTH_TABLE} | set(_random_keys(rng, 400, False)))
+    passed = set(
+        sql(
+            "WITH b AS (SELECT b, pgmb.binding_tags(b) AS tags FROM unnest(%s::text[]) b),"
+            " k AS (SELECT k, pgmb.key_tags(k) AS tags FROM unnest(%s::text[]) k)"
+            " SELECT b.b, k.k FROM b, k WHERE b.tags <@ k.tags",
+            (bindings, keys),
+        )
+    )
+    patterns = {b: routing.compile_binding(b) for b in bindings}
+    matched = {(b, k) for b in bindings for k in keys if routing.matches(patterns[b], k)}
+    assert matched - passed == set()
+    assert len(matched) > 10_000  # not vacuous
+    # Of the pairs that do not match, most never reach a regex.
+    assert len(passed - matched) < 0.2 * (len(bindings) * len(keys) - len(matched))
+
+
+def test_a_word_at_another_place_brings_no_candidate(make_worker, make_queue, sql):
+    """What 0027 is for: `*.svc1.created` shares the word `created` with `order.created`,
+    but not its place, so the index does not hand it to the regex."""
+    worker = make_worker()
+    for binding in ("*.svc1.created", "#.svc1", "svc1.*.#", "order.*", "#.created", "*.order"):
+        make_queue(binding, worker=worker)
+    candidates = sql(
+        "SELECT binding_key FROM pgmb_queue WHERE binding_tags <@ pgmb.key_tags('order.created')"
+        " ORDER BY binding_key"
+    )
+    assert candidates == [("#.created",), ("order.*",)]
 
 
 def test_deleting_a_queue_in_sql_takes_its_deliveries_and_dead_letters(make_queue, sql):

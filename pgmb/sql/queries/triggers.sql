@@ -30,18 +30,19 @@ INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, 
                            priority, group_key, depends_on)
 SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key, m.depends_on
 FROM new_messages AS m
--- Candidates first: a queue whose binding has a literal word that is not a word of the key
--- cannot match (with many queues, a lookup in the GIN index pgmb_queue_literal_words;
--- migration 0019). PostgreSQL caches only 32 compiled regexes per backend; past that every
--- match compiles its pattern again. A binding whose first word is literal matches only keys
--- with that first word, so that cheap test runs next (CASE fixes the order) and spares the
--- regex.
+-- The key's tags (pgmb.key_tags, migration 0028), once per message: OFFSET 0 keeps the
+-- subquery a step of its own, where inlined into the join condition a scan of a few
+-- queues would compute them once per queue.
+CROSS JOIN LATERAL (SELECT pgmb.key_tags(m.routing_key) AS tags OFFSET 0) AS k
+-- Only a queue whose binding's tags are all tags of the key can match, so few queues reach
+-- the regex (PostgreSQL caches only 32 compiled regexes per backend; past that every match
+-- compiles its pattern again). With many queues the first test is a lookup in the GIN
+-- index pgmb_queue_binding_tags, once per distinct key of the statement (Memoize). With a
+-- few, scanned, the CASE makes the cheap test run first: the regex alone needs only m and
+-- q, and the planner would otherwise run it on every pair before joining k.
 JOIN pgmb_queue AS q
-  ON q.literal_words <@ string_to_array(m.routing_key, '.')
- AND CASE WHEN split_part(q.binding_key, '.', 1) IN ('*', '#')
-            OR split_part(q.binding_key, '.', 1) = split_part(m.routing_key, '.', 1)
-          THEN ('.' || m.routing_key) ~ q.pattern
-          ELSE false END;
+  ON q.binding_tags <@ k.tags
+ AND CASE WHEN q.binding_tags <@ k.tags THEN ('.' || m.routing_key) ~ q.pattern END;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;

@@ -1873,10 +1873,10 @@ CREATE FUNCTION pgmb.key_tags(routing_key text) RETURNS text[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT string_to_array(routing_key, '.') || ARRAY[
-        '1.' || split_part(routing_key, '.', 1), '-1.' || split_part(routing_key, '.', -1),
-        '2.' || split_part(routing_key, '.', 2), '-2.' || split_part(routing_key, '.', -2),
-        '3.' || split_part(routing_key, '.', 3), '-3.' || split_part(routing_key, '.', -3),
-        '4.' || split_part(routing_key, '.', 4), '-4.' || split_part(routing_key, '.', -4)]
+        '1.' || split_part(routing_key, '.', 1), '-1.' || reverse(split_part(reverse(routing_key), '.', 1)),
+        '2.' || split_part(routing_key, '.', 2), '-2.' || reverse(split_part(reverse(routing_key), '.', 2)),
+        '3.' || split_part(routing_key, '.', 3), '-3.' || reverse(split_part(reverse(routing_key), '.', 3)),
+        '4.' || split_part(routing_key, '.', 4), '-4.' || reverse(split_part(reverse(routing_key), '.', 4))]
 $$;
 
 --

@@ -838,6 +838,3 @@ BEGIN
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
     END LOOP;
 END $$;
-
--- pgmb_admin's privileges (0021) cover the tables created since: pgmb_task_result (0024).
-SELECT pgmb.install_access();

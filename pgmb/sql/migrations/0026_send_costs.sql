@@ -144,3 +144,8 @@ BEGIN
                    'SECURITY DEFINER SET search_path = %I, pg_temp', tables);
     EXECUTE format('ALTER FUNCTION pgmb.may(text, uuid) SECURITY DEFINER SET search_path = %I, pg_temp', tables);
 END $$;
+
+-- pgmb_admin's privileges (0021) cover the tables created since: pgmb_task_result (0024).
+-- (Once appended to 0025 after it had landed; a database that ran 0025 before that gets it
+-- here.)
+SELECT pgmb.install_access();

@@ -503,6 +503,13 @@ class Message(models.Model):
                     " OR NEW.retry_delay IS NOT NULL"
                 ),
             ),
+            _trigger(
+                "check_routing_key_update",
+                when=pgtrigger.Before,
+                operation=pgtrigger.UpdateOf("routing_key"),
+                # Inserted keys are checked by route_messages, once per statement (0029).
+                condition=pgtrigger.Condition("NOT pgmb.valid_routing_key(NEW.routing_key)"),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1143,7 +1143,7 @@ BEGIN
             EXIT WHEN tokens <= 0;
             RETURN QUERY
             WITH picked AS (
-                SELECT d.id FROM pgmb_delivery d
+                SELECT d.id, d.priority, d.available_at FROM pgmb_delivery d
                 WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
                 ORDER BY d.priority, d.available_at, d.id
                 LIMIT tokens
@@ -1156,14 +1156,16 @@ BEGIN
                 FROM picked, pgmb_queue qu
                 WHERE d.id = picked.id AND qu.id = d.queue_id
                 RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
-                          d.message_id, qu.lease_seconds
+                          d.message_id, qu.lease_seconds, picked.priority, picked.available_at AS due
             )
             SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
                    l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
                    wk.id, wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
             FROM leased l
             JOIN pgmb_message m ON m.id = l.message_id
-            JOIN pgmb_worker wk ON wk.id = w.id;
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked (the joins above may return rows in any order).
+            ORDER BY l.priority, l.due, l.id;
             GET DIAGNOSTICS got = ROW_COUNT;
             tokens := tokens - got;
             remaining := remaining - got;
@@ -2748,6 +2750,26 @@ BEGIN
 END $$;
 
 --
+-- Name: refuse_routing_key(text); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.refuse_routing_key(routing_key text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    problem text := 'invalid routing key';
+BEGIN
+    BEGIN
+        PERFORM pgmb.check_routing_key(routing_key);
+    EXCEPTION WHEN invalid_parameter_value OR null_value_not_allowed THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+    END;
+    RAISE EXCEPTION 'message refused by pgmb_message_routing_key_valid: %', problem
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_routing_key_valid',
+              TABLE = 'pgmb_message', COLUMN = 'routing_key';
+END $$;
+
+--
 -- Name: release(bigint[], uuid[]); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -3115,7 +3137,10 @@ BEGIN
         RAISE EXCEPTION 'a message id is required' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'Pass gen_random_uuid() for a new id.';
     END IF;
-    PERFORM pgmb.check_routing_key(routing_key);
+    -- The rule inline (a simple expression); pgmb.check_routing_key only to say what is wrong.
+    IF NOT coalesce(pgmb.valid_routing_key(routing_key), false) THEN
+        PERFORM pgmb.check_routing_key(routing_key);
+    END IF;
     IF body IS NULL THEN
         RAISE EXCEPTION 'a message body is required (JSON null is ''null''::jsonb)'
             USING ERRCODE = 'null_value_not_allowed';
@@ -3130,17 +3155,20 @@ BEGIN
         PERFORM pgmb.check_message_options(send.id, send.priority, send.group_key, send.depends_on,
                                            send.dedup_id, send.max_retries, send.retry_delay);
     END IF;
-    IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
-        RAISE EXCEPTION 'message % already exists', send.id
-            USING ERRCODE = 'unique_violation',
-                  HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
-    END IF;
     INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
                               group_key, depends_on, dedup_id, max_retries, retry_delay)
     VALUES (send.id, send.routing_key, send.body, coalesce(send.headers, '{}'), now(),
             greatest(coalesce(send.delay, now()), now()), send.priority, send.group_key,
             send.depends_on, send.dedup_id, send.max_retries, send.retry_delay)
+    -- A taken id is found by the insert itself: no probe of the key before it. No row comes
+    -- back for a taken id or for a duplicate that pgmb.admit_message dropped.
+    ON CONFLICT ON CONSTRAINT pgmb_message_pkey DO NOTHING
     RETURNING pgmb_message.id INTO stored;
+    IF stored IS NULL AND EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
+        RAISE EXCEPTION 'message % already exists', send.id
+            USING ERRCODE = 'unique_violation',
+                  HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
+    END IF;
     RETURN coalesce(stored, pgmb.deduplicated(send.dedup_id));
 END $$;
 
@@ -3667,6 +3695,27 @@ RETURN pgmb.admit_message(NEW);
             $function$
 ;
 
+CREATE OR REPLACE FUNCTION public.pgtrigger_check_routing_key_update_f84d4()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+                
+                BEGIN
+                    IF ("public"._pgtrigger_should_ignore(TG_NAME) IS TRUE) THEN
+                        IF (TG_OP = 'DELETE') THEN
+                            RETURN OLD;
+                        ELSE
+                            RETURN NEW;
+                        END IF;
+                    END IF;
+                    -- Only an UPDATE that gives a message a key the rule rejects gets here (the trigger's WHEN):
+-- pgmb never changes a key, but the rule holds for every writer.
+PERFORM pgmb.refuse_routing_key(NEW.routing_key);
+RETURN NEW;
+                END;
+            $function$
+;
+
 CREATE OR REPLACE FUNCTION public.pgtrigger_hold_delivery_f8802()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -3785,27 +3834,38 @@ AS $function$
                             RETURN NEW;
                         END IF;
                     END IF;
-                    -- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
+                    -- The statement's routing keys pass the key rule first (the CHECK pgmb_message_routing_key_valid
+-- until migration 0029, whose expression PostgreSQL prepared again for every INSERT; here the
+-- statement is planned once per session).
+PERFORM pgmb.refuse_routing_key(m.routing_key) FROM new_messages AS m
+WHERE NOT pgmb.valid_routing_key(m.routing_key) LIMIT 1;
+-- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
 -- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
 -- in a transaction are merged).
 -- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
                            priority, group_key, depends_on)
-SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key, m.depends_on
+SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,
+       m.depends_on
 FROM new_messages AS m
--- The key's tags (pgmb.key_tags, migration 0028), once per message: OFFSET 0 keeps the
--- subquery a step of its own, where inlined into the join condition a scan of a few
--- queues would compute them once per queue.
-CROSS JOIN LATERAL (SELECT pgmb.key_tags(m.routing_key) AS tags OFFSET 0) AS k
--- Only a queue whose binding's tags are all tags of the key can match, so few queues reach
--- the regex (PostgreSQL caches only 32 compiled regexes per backend; past that every match
--- compiles its pattern again). With many queues the first test is a lookup in the GIN
--- index pgmb_queue_binding_tags, once per distinct key of the statement (Memoize). With a
--- few, scanned, the CASE makes the cheap test run first: the regex alone needs only m and
--- q, and the planner would otherwise run it on every pair before joining k.
-JOIN pgmb_queue AS q
-  ON q.binding_tags <@ k.tags
- AND CASE WHEN q.binding_tags <@ k.tags THEN ('.' || m.routing_key) ~ q.pattern END;
+-- The queues of each distinct key, decided once per key (0029): a batch's messages mostly
+-- share a few keys.
+JOIN (SELECT k.routing_key, q.id AS queue_id
+      FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k
+      -- The key's tags (pgmb.key_tags, migration 0028): OFFSET 0 keeps the subquery a step
+      -- of its own, where inlined into the join condition a scan of a few queues would
+      -- compute them once per queue.
+      CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t
+      -- Only a queue whose binding's tags are all tags of the key can match, so few queues
+      -- reach the regex (PostgreSQL caches only 32 compiled regexes per backend; past that
+      -- every match compiles its pattern again). With many queues the first test is a
+      -- lookup in the GIN index pgmb_queue_binding_tags. With a few, scanned, the CASE
+      -- makes the cheap test run first: the regex alone needs only k and q, and the planner
+      -- would otherwise run it on every pair before joining t.
+      JOIN pgmb_queue AS q
+        ON q.binding_tags <@ t.tags
+       AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END
+     ) AS r ON r.routing_key = m.routing_key;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;
@@ -3918,13 +3978,6 @@ ALTER TABLE ONLY public.pgmb_dispatcher
 
 ALTER TABLE ONLY public.pgmb_message
     ADD CONSTRAINT pgmb_message_pkey PRIMARY KEY (id);
-
---
--- Name: pgmb_message pgmb_message_routing_key_valid; Type: CHECK CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE public.pgmb_message
-    ADD CONSTRAINT pgmb_message_routing_key_valid CHECK (pgmb.valid_routing_key((routing_key)::text)) NOT VALID;
 
 --
 -- Name: pgmb_queue pgmb_queue_durations_bounded; Type: CHECK CONSTRAINT; Schema: public; Owner: -
@@ -4121,6 +4174,18 @@ CREATE TRIGGER pgtrigger_admit_message_8d54e BEFORE INSERT ON public.pgmb_messag
 COMMENT ON TRIGGER pgtrigger_admit_message_8d54e ON public.pgmb_message IS 'a6ab3909f011c722f928fec074fad1f23de8842c';
 
 --
+-- Name: pgmb_message pgtrigger_check_routing_key_update_f84d4; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER pgtrigger_check_routing_key_update_f84d4 BEFORE UPDATE OF routing_key ON public.pgmb_message FOR EACH ROW WHEN ((NOT pgmb.valid_routing_key((new.routing_key)::text))) EXECUTE FUNCTION public.pgtrigger_check_routing_key_update_f84d4();
+
+--
+-- Name: TRIGGER pgtrigger_check_routing_key_update_f84d4 ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TRIGGER pgtrigger_check_routing_key_update_f84d4 ON public.pgmb_message IS 'd6be1bd8aa6c6827d4e4130e74b20b02c9138536';
+
+--
 -- Name: pgmb_delivery pgtrigger_hold_delivery_f8802; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -4190,7 +4255,7 @@ CREATE TRIGGER pgtrigger_route_messages_110b5 AFTER INSERT ON public.pgmb_messag
 -- Name: TRIGGER pgtrigger_route_messages_110b5 ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '1d16c06639debf48aff46ef5861029a5d4d995e7';
+COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '6dded9f9cb85d4976f33fcdb80a3c0ea134ef8f4';
 
 --
 -- Name: pgmb_worker pgtrigger_worker_validate_2c011; Type: TRIGGER; Schema: public; Owner: -

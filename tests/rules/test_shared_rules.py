@@ -214,12 +214,20 @@ def test_the_key_class_is_written_out_identically():
     forbidden = routing.KEY_FORBIDDEN
     assert forbidden in function_source("pgmb.valid_key(text)")
     assert ("^" + routing.NAME_RE.pattern + "$") in function_source("pgmb.check_name(text, text)")
+    # Keys written to pgmb_message are held to the same function (migration 0029: by the
+    # routing trigger on INSERT, by check_routing_key_update on UPDATE).
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
-            " WHERE conname = 'pgmb_message_routing_key_valid'"
+            "SELECT p.prosrc, t.tgname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+            " WHERE t.tgrelid = 'pgmb_message'::regclass AND t.tgname ~ 'route_messages'"
         )
-        assert "pgmb.valid_routing_key(" in cursor.fetchone()[0]
+        source, _ = cursor.fetchone()
+        assert "NOT pgmb.valid_routing_key(m.routing_key)" in source
+        cursor.execute(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
+            " WHERE tgrelid = 'pgmb_message'::regclass AND tgname ~ 'check_routing_key_update'"
+        )
+        assert "NOT pgmb.valid_routing_key((new.routing_key)::text)" in cursor.fetchone()[0]
     # It holds every character str.isspace() knows and every control character, U+FEFF,
     # and nothing else.
     expected = {

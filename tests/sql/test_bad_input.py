@@ -1,9 +1,16 @@
 """Bad input through the SQL API and plain SQL: a clear error with a proper SQLSTATE,
 and nothing written."""
 
+import threading
+import uuid
+
+import psycopg
 import pytest
+from django.db import connection, transaction
+from psycopg.errors import CheckViolation
 
 from pgmb.models import Message, Queue, Worker
+from tests.waiting import DEADLINE, wait_until
 
 INVALID_NAME = "42602"
 INVALID_VALUE = "22023"
@@ -144,6 +151,72 @@ def test_duplicate_message_id(sql, raises_sql):
     [(mid,)] = sql("SELECT pgmb.send(gen_random_uuid(), 'a', '1')")
     with raises_sql(UNIQUE, f"message {mid} already exists"):
         sql("SELECT pgmb.send(%s, 'a', '2')", (mid,))
+    assert list(Message.objects.values_list("body", flat=True)) == [1]
+
+
+def test_bad_routing_keys_without_any_queue(sql, raises_sql):
+    """The key rule does not depend on routing: with no queue at all a bad key is refused."""
+    with raises_sql(CHECK, "invalid routing key 'a b': blanks"):
+        sql("INSERT INTO pgmb_message (routing_key, body) VALUES ('ok', '1'), ('a b', '2')")
+    assert not Message.objects.exists()
+
+
+def test_bad_routing_keys_through_copy(db, make_queue):
+    """COPY, the fastest way to load messages, is held to the same rule."""
+    make_queue("#")
+    with (
+        pytest.raises(CheckViolation, match=r"invalid routing key 'x\.#'"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+        cursor.cursor.copy("COPY pgmb_message (routing_key, body) FROM STDIN") as copy,
+    ):
+        copy.write_row(("fine.key", "1"))
+        copy.write_row(("x.#", "2"))
+    assert not Message.objects.exists()
+
+
+def test_a_routing_key_cannot_be_updated_to_a_bad_one(sql, raises_sql, make_queue):
+    make_queue("#")
+    [(mid,)] = sql("SELECT pgmb.send(gen_random_uuid(), 'order.created', '1')")
+    with raises_sql(CHECK, "pgmb_message_routing_key_valid"):
+        sql("UPDATE pgmb_message SET routing_key = 'order.*' WHERE id = %s", (mid,))
+    sql("UPDATE pgmb_message SET routing_key = 'order.paid' WHERE id = %s", (mid,))
+    assert Message.objects.get().routing_key == "order.paid"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_id_sent_twice_at_once():
+    """The second of two concurrent sends of one id waits for the first and, once it has
+    committed, gets the same clear refusal as a late duplicate (not a bare key violation)."""
+    mid = uuid.uuid4()
+    params = connection.get_connection_params()
+    with psycopg.connect(**params) as first, psycopg.connect(**params, autocommit=True) as second:
+        first.execute("SELECT pgmb.send(%s, 'order.created', '1')", (mid,))
+        pid = second.info.backend_pid
+        outcome: list[BaseException | None] = []
+
+        def send_again() -> None:
+            try:
+                second.execute("SELECT pgmb.send(%s, 'order.created', '2')", (mid,))
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=send_again)
+        thread.start()
+        with psycopg.connect(**params, autocommit=True) as watcher:
+            wait_until(
+                lambda: watcher.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    (pid,),
+                ).fetchone()[0],
+                message="the second send to wait for the first",
+            )
+        first.commit()
+        thread.join(DEADLINE)
+    [error] = outcome
+    assert isinstance(error, psycopg.errors.UniqueViolation)
+    assert f"message {mid} already exists" in str(error)
     assert list(Message.objects.values_list("body", flat=True)) == [1]
 
 

@@ -22,31 +22,48 @@ END IF;
 RETURN NULL;
 
 -- name: route_messages
+-- The statement's routing keys pass the key rule first (the CHECK pgmb_message_routing_key_valid
+-- until migration 0029, whose expression PostgreSQL prepared again for every INSERT; here the
+-- statement is planned once per session).
+PERFORM pgmb.refuse_routing_key(m.routing_key) FROM new_messages AS m
+WHERE NOT pgmb.valid_routing_key(m.routing_key) LIMIT 1;
 -- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
 -- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
 -- in a transaction are merged).
 -- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
                            priority, group_key, depends_on)
-SELECT m.id, q.id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key, m.depends_on
+SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,
+       m.depends_on
 FROM new_messages AS m
--- The key's tags (pgmb.key_tags, migration 0028), once per message: OFFSET 0 keeps the
--- subquery a step of its own, where inlined into the join condition a scan of a few
--- queues would compute them once per queue.
-CROSS JOIN LATERAL (SELECT pgmb.key_tags(m.routing_key) AS tags OFFSET 0) AS k
--- Only a queue whose binding's tags are all tags of the key can match, so few queues reach
--- the regex (PostgreSQL caches only 32 compiled regexes per backend; past that every match
--- compiles its pattern again). With many queues the first test is a lookup in the GIN
--- index pgmb_queue_binding_tags, once per distinct key of the statement (Memoize). With a
--- few, scanned, the CASE makes the cheap test run first: the regex alone needs only m and
--- q, and the planner would otherwise run it on every pair before joining k.
-JOIN pgmb_queue AS q
-  ON q.binding_tags <@ k.tags
- AND CASE WHEN q.binding_tags <@ k.tags THEN ('.' || m.routing_key) ~ q.pattern END;
+-- The queues of each distinct key, decided once per key (0029): a batch's messages mostly
+-- share a few keys.
+JOIN (SELECT k.routing_key, q.id AS queue_id
+      FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k
+      -- The key's tags (pgmb.key_tags, migration 0028): OFFSET 0 keeps the subquery a step
+      -- of its own, where inlined into the join condition a scan of a few queues would
+      -- compute them once per queue.
+      CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t
+      -- Only a queue whose binding's tags are all tags of the key can match, so few queues
+      -- reach the regex (PostgreSQL caches only 32 compiled regexes per backend; past that
+      -- every match compiles its pattern again). With many queues the first test is a
+      -- lookup in the GIN index pgmb_queue_binding_tags. With a few, scanned, the CASE
+      -- makes the cheap test run first: the regex alone needs only k and q, and the planner
+      -- would otherwise run it on every pair before joining t.
+      JOIN pgmb_queue AS q
+        ON q.binding_tags <@ t.tags
+       AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END
+     ) AS r ON r.routing_key = m.routing_key;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;
 RETURN NULL;
+
+-- name: check_routing_key_update
+-- Only an UPDATE that gives a message a key the rule rejects gets here (the trigger's WHEN):
+-- pgmb never changes a key, but the rule holds for every writer.
+PERFORM pgmb.refuse_routing_key(NEW.routing_key);
+RETURN NEW;
 
 -- name: admit_message
 -- Only messages with an option other than priority get here (the trigger's WHEN).

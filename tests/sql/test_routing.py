@@ -158,6 +158,38 @@ def test_trigger_routes_by_the_truth_table(make_worker, make_queue, sql):
     assert len(queues) == len(bindings)
 
 
+def test_messages_sharing_keys_each_get_their_deliveries(make_worker, make_queue, sql):
+    """Queues are decided once per distinct key of a statement (0029): every message of the
+    statement still gets its own delivery to each queue its key matches, and no other."""
+    worker = make_worker()
+    bindings = ["order.*", "order.#", "#.eu", "*.*", "invoice.#"]
+    for binding in bindings:
+        make_queue(binding, worker=worker)
+    keys = ["order.created", "order.created.eu", "user.deleted", "nothing"]
+    sent = sql(
+        "INSERT INTO pgmb_message (routing_key, body)"
+        " SELECT (%s::text[])[1 + n %% 4], to_jsonb(n) FROM generate_series(0, 299) n"
+        " RETURNING id, routing_key",
+        (keys,),
+    )
+    got: dict[str, set[str]] = {}
+    for message_id, binding in Delivery.objects.values_list("message_id", "queue__binding_key"):
+        got.setdefault(str(message_id), set()).add(binding)
+    for message_id, key in sent:
+        expected = {b for b in bindings if routing.matches(routing.compile_binding(b), key)}
+        assert got.get(str(message_id), set()) == expected, key
+    assert Delivery.objects.count() == 75 * (3 + 2 + 1 + 0)
+
+
+def test_the_tags_index_keeps_no_pending_list(sql):
+    """Routing searches pgmb_queue_binding_tags at every publish; a GIN pending list (only a
+    vacuum empties it) would be scanned whole each time (migration 0029)."""
+    [(options,)] = sql(
+        "SELECT reloptions FROM pg_class WHERE oid = 'pgmb_queue_binding_tags'::regclass"
+    )
+    assert "fastupdate=off" in options
+
+
 def test_changing_a_binding_affects_future_messages_only(make_queue, sql):
     queue = make_queue("order.*")
     sql("SELECT pgmb.send(gen_random_uuid(), 'order.created', '1'::jsonb)")

@@ -3,6 +3,8 @@
 -- django-pgtrigger operations; pgmb.refuse_routing_key is dropped after them (0029's
 -- migration runs this file last when migrating back).
 
+ALTER INDEX pgmb_queue_binding_tags RESET (fastupdate);
+
 -- NOT VALID, as 0003 added it: the rows already there passed the trigger's check.
 ALTER TABLE pgmb_message
     ADD CONSTRAINT pgmb_message_routing_key_valid CHECK (pgmb.valid_routing_key(routing_key)) NOT VALID;

@@ -37,7 +37,8 @@ SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m
        m.depends_on
 FROM new_messages AS m
 -- The queues of each distinct key, decided once per key (0029): a batch's messages mostly
--- share a few keys.
+-- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which
+-- would compute the key's tags and test the queues once per message again.
 JOIN (SELECT k.routing_key, q.id AS queue_id
       FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k
       -- The key's tags (pgmb.key_tags, migration 0028): OFFSET 0 keeps the subquery a step
@@ -53,7 +54,7 @@ JOIN (SELECT k.routing_key, q.id AS queue_id
       JOIN pgmb_queue AS q
         ON q.binding_tags <@ t.tags
        AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END
-     ) AS r ON r.routing_key = m.routing_key;
+      OFFSET 0) AS r ON r.routing_key = m.routing_key;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;

@@ -37,6 +37,7 @@ from typing import Any
 import psycopg
 
 from . import conf, dispatchers, sql
+from .deliveries import Call
 from .deliveries import run_on as _run
 from .dispatch.backoff import Backoff
 from .dispatch.database import WARN_EVERY, conninfo_from_django
@@ -155,7 +156,9 @@ class Consumer:
             conn.close()
             raise
         if self._held is None:
-            self._held = HeldMessages(self.queue, self.vt or 0, conninfo)
+            self._held = HeldMessages(
+                self.queue, self.vt or 0, conninfo, self._beat_call, self.heartbeat
+            )
         self._waiting = self._settled = False
         self._next_beat = time.monotonic() + self.heartbeat
         self._conn = conn
@@ -247,6 +250,13 @@ class Consumer:
         if self.max_messages is None:
             return self.qty
         return max(1, min(self.qty, self.max_messages - self.deleted - self.failed))
+
+    def _beat_call(self, held: int) -> Call[bool] | None:
+        """The heartbeat the held messages' thread sends while a handler runs."""
+        registration = self.registration
+        if registration is None:
+            return None
+        return dispatchers.beat_call(registration, held, self.deleted, self.failed)
 
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         if time.monotonic() < self._next_beat or self.registration is None:

@@ -7,6 +7,10 @@ to ``now + vt`` every third of ``vt`` (``pgmb.set_vt``), on a connection of its 
 the consumer's thread is busy in the handler. Nothing extends them once the process dies:
 they come back after at most one ``vt``, as before.
 
+The same thread keeps the consumer's heartbeat going while it holds messages (the
+consumer's own loop beats only between handlers): a handler that runs for minutes must not
+make the consumer look gone in the admin.
+
 The thread connects the first time something is held that long, so consumers whose
 handlers are quick never open the second connection. Its connection shows in
 ``pg_stat_activity`` as :data:`APPLICATION_NAME` unless the database settings name one.
@@ -23,12 +27,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
 
-from .deliveries import run_on
+from .deliveries import Call, run_on
 from .dispatch.backoff import Backoff
 from .dispatch.database import _first_line
 from .pull import Message, set_vt_call
@@ -53,10 +57,21 @@ class HeldMessages:
     them is in flight or to come, so it cannot undo a nack's backoff or a hand-back.
     """
 
-    def __init__(self, queue: str, vt: float, conninfo: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        queue: str,
+        vt: float,
+        conninfo: dict[str, Any],
+        beat: Callable[[int], Call[bool] | None] | None = None,
+        beat_every: float = 0.0,
+    ) -> None:
+        """``beat(held)`` gives the consumer's heartbeat statement (None while it is not
+        registered), run every ``beat_every`` seconds while messages are held."""
         self.queue = queue
         self.vt = vt
         self.interval = max(vt * EXTEND_EVERY, MIN_INTERVAL)
+        self._beat = beat
+        self._beat_every = max(beat_every, MIN_INTERVAL)
         self._conninfo = {"application_name": APPLICATION_NAME, **conninfo}
         #: Guards everything below; held during an extension's statement, so that
         #: :meth:`release` waits for one in flight.
@@ -64,6 +79,8 @@ class HeldMessages:
         self._held: dict[int, Message] = {}
         #: When the next extension is due (time.monotonic()).
         self._due = 0.0
+        #: When the next heartbeat is due, while something is held.
+        self._beat_due = 0.0
         self._closing = False
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
@@ -77,6 +94,7 @@ class HeldMessages:
                 return
             if not self._held:
                 self._due = time.monotonic() + self.interval
+                self._beat_due = time.monotonic() + self._beat_every
             self._held.update((m.id, m) for m in messages)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -107,19 +125,36 @@ class HeldMessages:
                 return
         self._drop()
 
+    def _next(self) -> float:
+        """When the thread next has something to do (called with the lock held)."""
+        return min(self._due, self._beat_due) if self._beat else self._due
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._closing and (not self._held or time.monotonic() < self._due):
+                while not self._closing and (not self._held or time.monotonic() < self._next()):
                     self._lock.wait(
-                        None if not self._held else max(0.0, self._due - time.monotonic())
+                        None if not self._held else max(0.0, self._next() - time.monotonic())
                     )
                 if self._closing:
                     return
+                beat_due = self._beat is not None and time.monotonic() >= self._beat_due
+                extension_due = time.monotonic() >= self._due
             try:
-                self._extend()
+                if beat_due:
+                    self._heartbeat()
+                if extension_due:
+                    self._extend()
             except Exception as exc:  # the thread is the guard: it must outlive any error
                 self._failed(exc)
+
+    def _heartbeat(self) -> None:
+        assert self._beat is not None
+        with self._lock:
+            self._beat_due = time.monotonic() + self._beat_every
+            call = self._beat(len(self._held))
+        if call is not None:
+            run_on(self._connection(), call)
 
     def _extend(self) -> None:
         conn = self._connection()
@@ -172,6 +207,7 @@ class HeldMessages:
         self._failing = True
         with self._lock:
             self._due = time.monotonic() + min(self._backoff.next(), self.interval)
+            self._beat_due = max(self._beat_due, self._due)
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:

@@ -3847,7 +3847,12 @@ INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, 
                            priority, group_key, depends_on)
 SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,
        m.depends_on
-FROM new_messages AS m
+-- Each message's place in the statement: deliveries are inserted in publish order, which
+-- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return
+-- them in any order.
+FROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,
+             n.depends_on, row_number() OVER () AS place
+      FROM new_messages AS n) AS m
 -- The queues of each distinct key, decided once per key (0029): a batch's messages mostly
 -- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which
 -- would compute the key's tags and test the queues once per message again.
@@ -3866,7 +3871,8 @@ JOIN (SELECT k.routing_key, q.id AS queue_id
       JOIN pgmb_queue AS q
         ON q.binding_tags <@ t.tags
        AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END
-      OFFSET 0) AS r ON r.routing_key = m.routing_key;
+      OFFSET 0) AS r ON r.routing_key = m.routing_key
+ORDER BY m.place;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;
@@ -4256,7 +4262,7 @@ CREATE TRIGGER pgtrigger_route_messages_110b5 AFTER INSERT ON public.pgmb_messag
 -- Name: TRIGGER pgtrigger_route_messages_110b5 ON pgmb_message; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS '556ce83c2e9ab5d15e424a3276fbc8fcbe311263';
+COMMENT ON TRIGGER pgtrigger_route_messages_110b5 ON public.pgmb_message IS 'acdf7a3d26eec7210c35f474778e855b491f2077';
 
 --
 -- Name: pgmb_worker pgtrigger_worker_validate_2c011; Type: TRIGGER; Schema: public; Owner: -

@@ -243,6 +243,39 @@ def test_a_handler_longer_than_the_visibility_timeout_keeps_its_message(
     assert "1 deleted, 0 failed" in _stop(proc)[0]
 
 
+def test_a_consumer_busy_in_a_long_handler_keeps_beating(
+    manage_process, make_pull_queue, out, tmp_path
+):
+    """Its loop is blocked in the handler; the held messages' thread sends the heartbeats,
+    so the admin does not show a working consumer as gone."""
+    queue = make_pull_queue()
+    pgmb.send("k", {"n": 1})
+    env = {
+        "PGMB_CONSUME_OUT": str(out),
+        "PGMB_CONSUME_GATE": str(tmp_path / "gate"),
+        "PGMB_TEST_HEARTBEAT_INTERVAL": "0.2",
+    }
+    # A long visibility timeout: no extension is due while the test runs, only heartbeats.
+    proc = manage_process(
+        "pgmb_consume", queue.name, "--handler", "tests.pull.handlers.held", "--vt", "600", env=env
+    )
+    wait_until(lambda: _lines(out), message="the message in the handler")
+    consumer = DispatcherProcess.objects.get(kind="consumer", stopped_at=None)
+    beats = [consumer.heartbeat_at]
+
+    def beaten_twice_while_handling() -> bool:
+        consumer.refresh_from_db()
+        if consumer.heartbeat_at > beats[-1]:
+            beats.append(consumer.heartbeat_at)
+        return len(beats) > 2 and consumer.in_flight == 1
+
+    wait_until(beaten_twice_while_handling, message=lambda: f"heartbeats ({len(beats) - 1})")
+    assert not (tmp_path / "gate").exists() and len(_lines(out)) == 1  # still in the handler
+    (tmp_path / "gate").touch()
+    wait_until(lambda: not Delivery.objects.filter(queue=queue).exists(), message="the ack")
+    assert "1 deleted, 0 failed" in _stop(proc)[0]
+
+
 def test_a_killed_consumer_lets_its_message_come_back_to_another(consume, make_pull_queue, out):
     queue = make_pull_queue()
     pgmb.send("k", {"n": 1})

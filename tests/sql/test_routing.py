@@ -7,7 +7,7 @@ import random
 import pytest
 
 from pgmb import deliveries, routing
-from pgmb.models import Delivery, Message
+from pgmb.models import Delivery, Message, Queue
 
 #: The longest keys allowed (255 characters, 124 words), "first" and "last" at the ends.
 LONGEST = ".".join(["first", *["x"] * 118, "yy", "x", "x", "x", "last"])
@@ -179,6 +179,28 @@ def test_messages_sharing_keys_each_get_their_deliveries(make_worker, make_queue
         expected = {b for b in bindings if routing.matches(routing.compile_binding(b), key)}
         assert got.get(str(message_id), set()) == expected, key
     assert Delivery.objects.count() == 75 * (3 + 2 + 1 + 0)
+
+
+@pytest.mark.parametrize("keys", [["job"], ["a", "x.b", "c.d", "x.b.y", "e"]])
+def test_deliveries_are_created_in_publish_order(make_queue, sql, keys):
+    """Delivery ids follow the messages' order in the statement, whatever the join's order
+    (ordered groups rely on it: pgmb.hold_delivery)."""
+    make_queue("#")
+    make_queue("*.b")
+    sent = sql(
+        "INSERT INTO pgmb_message (routing_key, body)"
+        " SELECT (%s::text[])[1 + mod(n * 7, cardinality(%s::text[]))], to_jsonb(n)"
+        " FROM generate_series(0, 199) n RETURNING body::int",
+        (keys, keys),
+    )
+    assert [body for (body,) in sent] == list(range(200))
+    for queue in Queue.objects.all():
+        bodies = list(
+            Delivery.objects.filter(queue=queue)
+            .order_by("id")
+            .values_list("message__body", flat=True)
+        )
+        assert bodies == sorted(bodies), queue.binding_key
 
 
 def test_the_tags_index_keeps_no_pending_list(sql):

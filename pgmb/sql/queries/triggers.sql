@@ -35,7 +35,12 @@ INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, 
                            priority, group_key, depends_on)
 SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,
        m.depends_on
-FROM new_messages AS m
+-- Each message's place in the statement: deliveries are inserted in publish order, which
+-- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return
+-- them in any order.
+FROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,
+             n.depends_on, row_number() OVER () AS place
+      FROM new_messages AS n) AS m
 -- The queues of each distinct key, decided once per key (0029): a batch's messages mostly
 -- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which
 -- would compute the key's tags and test the queues once per message again.
@@ -54,7 +59,8 @@ JOIN (SELECT k.routing_key, q.id AS queue_id
       JOIN pgmb_queue AS q
         ON q.binding_tags <@ t.tags
        AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END
-      OFFSET 0) AS r ON r.routing_key = m.routing_key;
+      OFFSET 0) AS r ON r.routing_key = m.routing_key
+ORDER BY m.place;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();
 END IF;

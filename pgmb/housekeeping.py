@@ -34,7 +34,7 @@ from . import sql
 #: half full by splits, rounded up. Generous: only an index many times larger is rebuilt.
 ROW_BYTES = 128
 #: The defaults of PGMB['HOUSEKEEPING_MIN_INDEX_BYTES'] and ['HOUSEKEEPING_BLOAT_FACTOR'].
-DEFAULT_MIN_INDEX_BYTES = 8 * 1024 * 1024
+DEFAULT_MIN_INDEX_BYTES = 1024 * 1024
 DEFAULT_BLOAT_FACTOR = 4.0
 
 

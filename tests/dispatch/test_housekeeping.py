@@ -3,12 +3,15 @@ indexes a backlog left large (pgmb.housekeeping), beside its deliveries, never i
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
 
 import psycopg
 
 import pgmb
 from pgmb.dispatch.database import conninfo_from_django
+from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Attempt
 from tests.indexes import SMALL, drained_backlog, index_sizes
 from tests.waiting import wait_until
@@ -88,13 +91,39 @@ def test_pgmb_dispatch_rebuilds_them_as_it_runs(spawn, recording_server, make_wo
     )
     pgmb.send_batch(("order.created", n) for n in range(3))
 
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")))
+    reader.start()
+
     recording_server.wait_for(3)
-    wait_until(
-        lambda: index_sizes()["pgmb_delivery_pkey"] < SMALL.min_index_bytes,
-        message=lambda: f"the primary key rebuilt (sizes {index_sizes()}, before {before})",
+    # The log line, not the sizes: stopped between its last rebuild and its report, the
+    # dispatcher would cancel the report.
+    [line] = wait_until(
+        lambda: [line for line in lines if "housekeeping" in line],
+        message=lambda: f"the housekeeping's log line (stderr so far: {lines})",
     )
+    assert "reindexed pgmb_delivery_pkey" in line and "reindexed pgmb_delivery_due" in line
+    pkey = "pgmb_delivery_pkey"
+    assert index_sizes()[pkey] < SMALL.min_index_bytes < before[pkey]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
-    assert "reindexed pgmb_delivery_pkey" in proc.stderr.read()
+    reader.join()
     pgmb.send("order.created", 4)  # and publishing still routes
     assert index_sizes()["pgmb_delivery_pkey"] < before["pgmb_delivery_pkey"]
+
+
+def test_a_dispatcher_looks_at_most_once_per_interval_and_only_after_work(transactional_db):
+    async def looks() -> list[bool]:
+        options = Options(housekeeping_interval=3600, housekeeping_thresholds=SMALL)
+        dispatcher = Dispatcher(conninfo_from_django("default"), options)
+        started = []
+        for claimed in (0, 5, 5, 9):  # nothing yet; work; no more work; work within the hour
+            dispatcher.stats.claimed = claimed
+            before = dispatcher._housekeeping
+            dispatcher._housekeep_if_due()
+            started.append(dispatcher._housekeeping is not before)
+            if dispatcher._housekeeping is not None:
+                await dispatcher._housekeeping
+        return started
+
+    assert asyncio.run(looks()) == [False, True, False, False]

@@ -19,11 +19,14 @@ state to compare, so that a case and its baseline differ only in the size under 
    matching nothing: literal first words, ``*`` first words and ``#`` first words);
 4. dispatcher memory: ``manage.py pgmb_dispatch --until-idle`` delivering
    ``--rss-deliveries`` to nginx, its VmRSS sampled from ``/proc``;
-5. the hot table: ``pgmb_delivery``'s size before that backlog, full, drained, after
-   autovacuum (as the cluster configures it), after ``VACUUM`` and after ``REINDEX``.
+5. the hot table: ``pgmb_delivery``'s size before that backlog, full, drained (the
+   dispatcher's housekeeping, ``pgmb.housekeeping``, ran as it went idle, unless
+   ``--no-dispatcher-housekeeping``), after autovacuum (as the cluster configures it), after
+   ``VACUUM``, after ``manage.py pgmb_housekeeping`` and after ``REINDEX``.
 
 Cases 1-3 run in rounds next to their baseline (``bench/harness.py``); the best run of each
-counts. Every clone is dropped at the end unless ``--keep``.
+counts (``--hot-table-only``: only cases 4 and 5). Every clone is dropped at the end unless
+``--keep``.
 """
 
 from __future__ import annotations
@@ -304,9 +307,11 @@ class Drain:
     other_cores: float
 
 
-def drain(database: str, total: int) -> Drain:
+def drain(database: str, total: int, housekeeping: bool) -> Drain:
     """``pgmb_dispatch --until-idle`` over the backlog; its memory as it goes."""
     env = {**os.environ, "PGMB_BENCH_DB": database}
+    if not housekeeping:
+        env["PGMB_BENCH_HOUSEKEEPING_INTERVAL"] = "0"
     argv = [sys.executable, "-m", "django", "pgmb_dispatch", "--concurrency", str(CONCURRENCY),
             "--until-idle", "--queue", QUEUE, "-v", "0"]  # fmt: skip
     deleted = "SELECT n_tup_del FROM pg_stat_user_tables WHERE relname = 'pgmb_delivery'"
@@ -353,7 +358,15 @@ def autovacuumed(conn: psycopg.Connection[Any], after: Any, wait: float) -> Any:
         time.sleep(1)
 
 
-def memory_and_hot_table(database: str, total: int, wait: float) -> None:
+def housekept(database: str) -> str:
+    """``manage.py pgmb_housekeeping``: what it reported."""
+    env = {**os.environ, "PGMB_BENCH_DB": database}
+    argv = [sys.executable, "-m", "django", "pgmb_housekeeping"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def memory_and_hot_table(database: str, total: int, wait: float, housekeeping: bool) -> None:
     mb = 1024 * 1024
     table: list[tuple[str, tuple[int, int, int]]] = []
     with harness.connect(database) as conn:
@@ -363,13 +376,19 @@ def memory_and_hot_table(database: str, total: int, wait: float) -> None:
         (counted_before,) = conn.execute(
             "SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'pgmb_delivery'"
         ).fetchone()
-    result = drain(database, total)
+    result = drain(database, total, housekeeping)
     with harness.connect(database) as conn:
         (drained_at, counted) = conn.execute(
             "SELECT now(), autovacuum_count FROM pg_stat_user_tables"
             " WHERE relname = 'pgmb_delivery'"
         ).fetchone()
-        table.append(("drained (dispatcher exited)", sizes(conn)))
+        table.append(
+            (
+                "drained, dispatcher exited "
+                + ("(its housekeeping ran)" if housekeeping else "(no housekeeping)"),
+                sizes(conn),
+            )
+        )
         last = autovacuumed(conn, drained_at, wait)
         table.append(
             (
@@ -379,6 +398,8 @@ def memory_and_hot_table(database: str, total: int, wait: float) -> None:
         )
         conn.execute("VACUUM pgmb_delivery")
         table.append(("then VACUUM pgmb_delivery", sizes(conn)))
+        report = housekept(database)
+        table.append(("then manage.py pgmb_housekeeping", sizes(conn)))
         conn.execute("REINDEX TABLE CONCURRENTLY pgmb_delivery")
         table.append(("then REINDEX TABLE CONCURRENTLY", sizes(conn)))
         settings = dict(
@@ -421,12 +442,97 @@ def memory_and_hot_table(database: str, total: int, wait: float) -> None:
         f"times during the drain. Autovacuum: "
         + ", ".join(f"{k.removeprefix('autovacuum_')}={v}" for k, v in sorted(settings.items()))
     )
-    print(f"  {'':<46} {'heap':>8} {'indexes':>8} {'total':>8}")
+    print(f"  {'':<52} {'heap':>8} {'indexes':>8} {'total':>8}")
     for label, (heap, indexes, all_) in table:
-        print(f"  {label:<46} {heap / mb:>8.2f} {indexes / mb:>8.2f} {all_ / mb:>8.2f}")
+        print(f"  {label:<52} {heap / mb:>8.2f} {indexes / mb:>8.2f} {all_ / mb:>8.2f}")
+    print("  manage.py pgmb_housekeeping said:\n    " + report.strip().replace("\n", "\n    "))
 
 
 # --- Main. ---
+
+
+def cases_1_to_3(db: dict[str, str], names: Sequence[str], args: argparse.Namespace) -> list[str]:
+    """Publishing, claim+ack and routing next to their baselines; routing problems found."""
+    base_queues = 1 + len(publish.OTHER_BINDINGS)
+    conns = {name: harness.connect(db[name]) for name in names[:-1]}
+    try:
+        print(f"\nFilling (not timed): {args.stored:,} stored messages", flush=True)
+        fill_stored(conns["stored"], args.stored)
+        print(f"Backlogs: {args.small_backlog:,} and {args.backlog:,}", flush=True)
+        fill_backlog(conns["small"], args.small_backlog)
+        fill_backlog(conns["large"], args.backlog)
+        extra = args.queues - base_queues
+        add_queues(conns["routing"], extra_bindings(extra))
+        add_queues(conns["literal"], extra_bindings(extra, literal_only=True))
+        for name in ("empty", "routing", "literal"):
+            settle(conns[name])
+        load = harness.OtherLoad(harness.postmaster())
+        s = args.seconds
+        publishing = (
+            publish_case("empty", conns["empty"], s),
+            publish_case("stored", conns["stored"], s),
+            publish_case("routing", conns["routing"], s),
+            publish_case("literal", conns["literal"], s),
+        )
+        claiming = (
+            claim_ack_case("small", conns["small"], s),
+            claim_ack_case("large", conns["large"], s),
+        )
+        results = harness.measure([publishing, claiming], args.rounds, load)
+        print(
+            f"\n1 and 3. Publishing, INSERT ... SELECT of {BATCH} messages from one "
+            f"connection, {args.rounds} runs of {s:g} s; best run; ratio to the empty "
+            "table with 5 queues. CPU: the server backend's per message (least)."
+        )
+        cpu = (harness.Column("server us/msg", "server_us", harness.least),)
+        harness.print_table(
+            results,
+            (
+                harness.Row("empty table, 5 queues", "empty"),
+                harness.Row(
+                    f"{args.stored:,} messages stored", "stored", "rate", "empty", args.goal
+                ),
+                harness.Row(
+                    f"{args.queues:,} queues bound (mix)",
+                    "routing",
+                    "rate",
+                    "empty",
+                    args.goal,
+                ),
+                harness.Row(
+                    f"{args.queues:,} queues bound, literal first words",
+                    "literal",
+                    "rate",
+                    "empty",
+                    args.goal,
+                ),
+            ),
+            harness.best,
+            cpu,
+        )
+        print(
+            f"\n2. Claim+ack, batches of {BATCH} through pgmb.deliveries' statements "
+            f"from one connection, {args.rounds} runs of {s:g} s, the backlog refilled "
+            "after each; best run; ratio to the small backlog."
+        )
+        harness.print_table(
+            results,
+            (
+                harness.Row(f"backlog {args.small_backlog:,} ready", "small"),
+                harness.Row(f"backlog {args.backlog:,} ready", "large", "rate", "small", args.goal),
+            ),
+            harness.best,
+            cpu,
+        )
+        problems = [
+            p
+            for name in ("empty", "routing", "literal")
+            for p in routing_problems(conns[name], name)
+        ]
+    finally:
+        for conn in conns.values():
+            conn.close()
+    return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -443,6 +549,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--goal", type=float, default=0.8, help="ratio to reach (default 0.8)")
     parser.add_argument("--db", default="pgmb_bench_scale", help="scratch database to create")
     parser.add_argument("--keep", action="store_true", help="do not drop the databases")
+    parser.add_argument(
+        "--hot-table-only", action="store_true", help="only cases 4 and 5 (memory, hot table)"
+    )
+    parser.add_argument(
+        "--no-dispatcher-housekeeping",
+        dest="dispatcher_housekeeping",
+        action="store_false",
+        help="drain with PGMB['HOUSEKEEPING_INTERVAL'] = 0 (case 5 then shows the command)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.stored, args.backlog, args.small_backlog = 50_000, 50_000, 2_000
@@ -460,6 +575,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     began = time.monotonic()
     names = ("empty", "stored", "routing", "literal", "small", "large", "rss")
+    if args.hot_table_only:
+        names = ("rss",)
     with (
         endpoints.fast_endpoint() as fast,
         harness.scratch_database(args.db, args.keep),
@@ -472,91 +589,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{args.backlog:,}, queues 5 vs {args.queues:,}, "
                 f"rss deliveries {args.rss_deliveries:,}",
             )
-            conns = {name: harness.connect(db[name]) for name in names[:-1]}
-            try:
-                print(f"\nFilling (not timed): {args.stored:,} stored messages", flush=True)
-                fill_stored(conns["stored"], args.stored)
-                print(f"Backlogs: {args.small_backlog:,} and {args.backlog:,}", flush=True)
-                fill_backlog(conns["small"], args.small_backlog)
-                fill_backlog(conns["large"], args.backlog)
-                extra = args.queues - base_queues
-                add_queues(conns["routing"], extra_bindings(extra))
-                add_queues(conns["literal"], extra_bindings(extra, literal_only=True))
-                for name in ("empty", "routing", "literal"):
-                    settle(conns[name])
-                load = harness.OtherLoad(harness.postmaster())
-                s = args.seconds
-                publishing = (
-                    publish_case("empty", conns["empty"], s),
-                    publish_case("stored", conns["stored"], s),
-                    publish_case("routing", conns["routing"], s),
-                    publish_case("literal", conns["literal"], s),
-                )
-                claiming = (
-                    claim_ack_case("small", conns["small"], s),
-                    claim_ack_case("large", conns["large"], s),
-                )
-                results = harness.measure([publishing, claiming], args.rounds, load)
-                print(
-                    f"\n1 and 3. Publishing, INSERT ... SELECT of {BATCH} messages from one "
-                    f"connection, {args.rounds} runs of {s:g} s; best run; ratio to the empty "
-                    "table with 5 queues. CPU: the server backend's per message (least)."
-                )
-                cpu = (harness.Column("server us/msg", "server_us", harness.least),)
-                harness.print_table(
-                    results,
-                    (
-                        harness.Row("empty table, 5 queues", "empty"),
-                        harness.Row(
-                            f"{args.stored:,} messages stored", "stored", "rate", "empty", args.goal
-                        ),
-                        harness.Row(
-                            f"{args.queues:,} queues bound (mix)",
-                            "routing",
-                            "rate",
-                            "empty",
-                            args.goal,
-                        ),
-                        harness.Row(
-                            f"{args.queues:,} queues bound, literal first words",
-                            "literal",
-                            "rate",
-                            "empty",
-                            args.goal,
-                        ),
-                    ),
-                    harness.best,
-                    cpu,
-                )
-                print(
-                    f"\n2. Claim+ack, batches of {BATCH} through pgmb.deliveries' statements "
-                    f"from one connection, {args.rounds} runs of {s:g} s, the backlog refilled "
-                    "after each; best run; ratio to the small backlog."
-                )
-                harness.print_table(
-                    results,
-                    (
-                        harness.Row(f"backlog {args.small_backlog:,} ready", "small"),
-                        harness.Row(
-                            f"backlog {args.backlog:,} ready", "large", "rate", "small", args.goal
-                        ),
-                    ),
-                    harness.best,
-                    cpu,
-                )
-                problems = [
-                    p
-                    for name in ("empty", "routing", "literal")
-                    for p in routing_problems(conns[name], name)
-                ]
-            finally:
-                for conn in conns.values():
-                    conn.close()
-            memory_and_hot_table(db["rss"], args.rss_deliveries, args.autovacuum_wait)
+            problems = [] if args.hot_table_only else cases_1_to_3(db, names, args)
+            memory_and_hot_table(
+                db["rss"], args.rss_deliveries, args.autovacuum_wait, args.dispatcher_housekeeping
+            )
     if problems:
         print("\nROUTING CHECK FAILED:\n  " + "\n  ".join(problems))
         return 1
-    print(f"\nrouting check passed; took {time.monotonic() - began:.0f} s")
+    checked = "" if args.hot_table_only else "routing check passed; "
+    print(f"\n{checked}took {time.monotonic() - began:.0f} s")
     return 0
 
 

@@ -26,3 +26,6 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PGMB: dict = {}
+# bench/scale.py --no-dispatcher-housekeeping: the drain leaves the indexes as they grew.
+if os.environ.get("PGMB_BENCH_HOUSEKEEPING_INTERVAL"):
+    PGMB["HOUSEKEEPING_INTERVAL"] = float(os.environ["PGMB_BENCH_HOUSEKEEPING_INTERVAL"])

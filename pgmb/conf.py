@@ -13,6 +13,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
+from .housekeeping import DEFAULT_BLOAT_FACTOR, DEFAULT_MIN_INDEX_BYTES
 from .pipeline.archive import DEFAULT_OLDER_THAN_DAYS, days_problem
 
 
@@ -47,6 +48,14 @@ class Settings:
     #: Days after which `manage.py pgmb_pipeline archive` archives a finished message when
     #: no --older-than is given (a positive number; fractions allowed).
     PIPELINE_ARCHIVE_OLDER_THAN_DAYS: float = DEFAULT_OLDER_THAN_DAYS
+    #: Housekeeping of pgmb_delivery's indexes (pgmb.housekeeping): the external
+    #: dispatcher looks, once it has drained work, at most once per this many seconds
+    #: (0: never; ``manage.py pgmb_housekeeping`` still does). An index is rebuilt when it
+    #: is larger than HOUSEKEEPING_MIN_INDEX_BYTES and than HOUSEKEEPING_BLOAT_FACTOR
+    #: (more than 1) times what the live rows need.
+    HOUSEKEEPING_INTERVAL: float = 3600.0
+    HOUSEKEEPING_MIN_INDEX_BYTES: int = DEFAULT_MIN_INDEX_BYTES
+    HOUSEKEEPING_BLOAT_FACTOR: float = DEFAULT_BLOAT_FACTOR
 
     @cached_property
     def json_encoder(self) -> type:
@@ -110,6 +119,11 @@ def errors(raw: Any) -> list[str]:
     ):
         if not problems and raw.get(key, 1) <= 0:
             problems.append(f"PGMB[{key!r}] must be positive")
+    if not problems and raw.get("HOUSEKEEPING_BLOAT_FACTOR", DEFAULT_BLOAT_FACTOR) <= 1:
+        problems.append(
+            "PGMB['HOUSEKEEPING_BLOAT_FACTOR'] must be more than 1 (at most 1, every index "
+            "would be rebuilt at every look)"
+        )
     days = raw.get("PIPELINE_ARCHIVE_OLDER_THAN_DAYS", DEFAULT_OLDER_THAN_DAYS)
     if not problems and days_problem(days):
         problems.append(f"PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS'] {days_problem(days)}")

@@ -66,6 +66,9 @@ PGMB: dict = {}
 # Subprocess dispatchers of the tests beat faster than the default (tests/dispatch).
 if os.environ.get("PGMB_TEST_HEARTBEAT_INTERVAL"):
     PGMB["DISPATCH_HEARTBEAT_INTERVAL"] = float(os.environ["PGMB_TEST_HEARTBEAT_INTERVAL"])
+# ... and rebuild indexes a small test backlog leaves (tests/dispatch/test_housekeeping.py).
+if os.environ.get("PGMB_TEST_HOUSEKEEPING_MIN_INDEX_BYTES"):
+    PGMB["HOUSEKEEPING_MIN_INDEX_BYTES"] = int(os.environ["PGMB_TEST_HOUSEKEEPING_MIN_INDEX_BYTES"])
 
 # Tasks run through pgmb (tests/tasks); "immediate" is another backend's, for contrast.
 TASKS = {

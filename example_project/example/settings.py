@@ -101,4 +101,10 @@ PGMB = {
     # `manage.py pgmb_pipeline archive` without --older-than: finished messages older than
     # this many days go to the Parquet archive (the Spark pipeline).
     "PIPELINE_ARCHIVE_OLDER_THAN_DAYS": 7.0,
+    # pgmb_delivery's indexes after a backlog: `pgmb_dispatch` rebuilds those larger than
+    # 1 MB and than 4 times what the live rows need, once it has drained work, at most once
+    # an hour (0: never; `manage.py pgmb_housekeeping` does it on demand).
+    "HOUSEKEEPING_INTERVAL": 3600.0,
+    "HOUSEKEEPING_MIN_INDEX_BYTES": 1024 * 1024,
+    "HOUSEKEEPING_BLOAT_FACTOR": 4.0,
 }

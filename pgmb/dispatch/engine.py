@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import deliveries, dispatchers
+from .. import deliveries, dispatchers, housekeeping
 from ..deliveries import Claimed, Failure, Success
+from ..housekeeping import Thresholds
 from .backoff import Backoff
 from .client import Outcome, new_session, post
 from .database import Database, Unavailable, listen
@@ -71,6 +72,10 @@ class Options:
     body_limit: int = 500
     #: Seconds between heartbeats in pgmb_dispatcher (what pgmb.dispatchers shows).
     heartbeat_interval: float = 5.0
+    #: Seconds between looks at pgmb_delivery's indexes (pgmb.housekeeping), each once
+    #: work has been drained (0: never; the command sets PGMB['HOUSEKEEPING_INTERVAL']).
+    housekeeping_interval: float = 0.0
+    housekeeping_thresholds: Thresholds = field(default_factory=Thresholds)
 
 
 @dataclass
@@ -138,6 +143,12 @@ class Dispatcher:
         self._closing = False
         #: This dispatcher's row in pgmb_dispatcher, once registered.
         self.registration: int | None = None
+        #: Housekeeping runs beside the loop, on a connection of its own: a rebuild takes
+        #: seconds to minutes and must not hold back claims. Next look: once due, and only
+        #: if something was claimed since the last.
+        self._housekeeping: asyncio.Task | None = None
+        self._housekeeping_due = 0.0
+        self._housekept_claims = 0
 
     def stop(self) -> None:
         """Stop claiming; in-flight requests finish, unstarted ones are released."""
@@ -187,6 +198,12 @@ class Dispatcher:
                 )
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+            if self._housekeeping is not None:
+                # psycopg cancels the statement in the server: an interrupted rebuild
+                # leaves an invalid index, which the next housekeeping drops.
+                self._housekeeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._housekeeping
             await self._unregister()
             await self._session.close()
             await self._claims.close()
@@ -247,8 +264,12 @@ class Dispatcher:
                     # rather than first ask when to. At a steady trickle of messages this
                     # halves the queries per message.
                     continue
+                if not self._inflight and not self._ready:
+                    self._housekeep_if_due()
                 idle = opts.until_idle and not self._inflight and not self._unflushed()
                 if idle and not await self._claims.run(deliveries.busy_call(opts.queues)):
+                    if self._housekeeping is not None:
+                        await self._housekeeping  # what was drained is tidied before exit
                     return
                 wake_in = await self._claims.run(deliveries.next_wakeup_call(opts.queues))
                 if wake_in is not None:
@@ -265,6 +286,37 @@ class Dispatcher:
                 next_beat = time.monotonic() + opts.heartbeat_interval
             else:
                 await self._sleep(max(until - time.monotonic(), 0))
+
+    def _housekeep_if_due(self) -> None:
+        """Start housekeeping in the background if this dispatcher has drained work and
+        the interval since the last look has passed (never two at once)."""
+        interval = self.options.housekeeping_interval
+        now = time.monotonic()
+        if (
+            not interval
+            or self.stats.claimed == self._housekept_claims
+            or now < self._housekeeping_due
+            or (self._housekeeping is not None and not self._housekeeping.done())
+        ):
+            return
+        self._housekeeping_due = now + interval
+        self._housekept_claims = self.stats.claimed
+        self._housekeeping = asyncio.create_task(self._housekeep())
+
+    async def _housekeep(self) -> None:
+        """One look, its report logged; a failure is logged too, never raised."""
+        try:
+            report = await housekeeping.arun(self._conninfo, self.options.housekeeping_thresholds)
+        except Exception as exc:
+            log.warning(
+                "housekeeping could not run (%s: %s); next look in %g s at the earliest",
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                self.options.housekeeping_interval,
+            )
+            return
+        level = logging.INFO if report.steps else logging.DEBUG
+        log.log(logging.WARNING if report.failed else level, "%s", report.summary())
 
     async def _mark_idle(self) -> float:
         """Mark this dispatcher waiting before it sleeps. Returns 0 once the mark is

@@ -6,6 +6,7 @@ from django.test import override_settings
 
 from pgmb import conf
 from pgmb.checks import check_server, check_settings
+from pgmb.housekeeping import Thresholds
 
 
 def _ids(messages) -> list[str]:
@@ -33,6 +34,10 @@ def test_defaults_are_typed():
         ({"DASHBOARD_REFRESH": 2.5}, "must be int"),
         ({"DEFAULT_MAX_RETRIES": 3}, "no longer a setting: defaults of new queues"),
         ({"RATE_BURST": 0.5}, "each worker's own 'burst'"),
+        ({"HOUSEKEEPING_INTERVAL": -1}, "must not be negative"),
+        ({"HOUSEKEEPING_MIN_INDEX_BYTES": "8MB"}, "must be int"),
+        ({"HOUSEKEEPING_BLOAT_FACTOR": 1}, "must be more than 1"),
+        ({"HOUSEKEEPING_BLOAT_FACTOR": 0.5}, "must be more than 1"),
         ({"NOPE": 1}, "not a pgmb setting"),
         ({"JSON_ENCODER": "no.such.Encoder"}, "cannot be imported"),
         ([], "must be a dict"),
@@ -52,6 +57,19 @@ def test_good_settings_pass_and_are_read():
         assert check_settings() == []
         assert conf.get().SEND_BATCH_SIZE == 50
     assert conf.get().SEND_BATCH_SIZE == 1000
+
+
+def test_housekeeping_settings_are_read_into_its_thresholds():
+    assert Thresholds.from_settings() == Thresholds()  # the defaults are the module's
+    raw = {
+        "HOUSEKEEPING_INTERVAL": 0,
+        "HOUSEKEEPING_MIN_INDEX_BYTES": 1024,
+        "HOUSEKEEPING_BLOAT_FACTOR": 2.5,
+    }
+    with override_settings(PGMB=raw):
+        assert check_settings() == []
+        assert conf.get().HOUSEKEEPING_INTERVAL == 0
+        assert Thresholds.from_settings() == Thresholds(1024, 2.5)
 
 
 def test_unknown_database_alias():

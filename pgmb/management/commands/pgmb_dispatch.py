@@ -15,6 +15,7 @@ from pgmb import conf
 from pgmb.dispatch.database import conninfo_from_django
 from pgmb.dispatch.engine import Options
 from pgmb.dispatch.supervisor import Supervisor
+from pgmb.housekeeping import Thresholds
 from pgmb.models import Queue
 
 from .pgmb_send import database_reason
@@ -115,6 +116,8 @@ class Command(BaseCommand):
             or (settings.DISPATCH_GIVE_UP if opts["until_idle"] else None),
             body_limit=settings.RESPONSE_BODY_LIMIT,
             heartbeat_interval=settings.DISPATCH_HEARTBEAT_INTERVAL,
+            housekeeping_interval=settings.HOUSEKEEPING_INTERVAL,
+            housekeeping_thresholds=Thresholds.from_settings(),
         )
         supervisor = Supervisor({alias: conninfo_from_django(alias) for alias in aliases}, options)
         served = asyncio.run(supervisor.run())

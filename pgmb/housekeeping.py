@@ -1,0 +1,229 @@
+"""Housekeeping of the hot table: ``pgmb_delivery``'s indexes back to size after a backlog.
+
+A drained backlog leaves ``pgmb_delivery`` empty, and autovacuum gives its heap back to the
+system, but not its indexes: a B-tree keeps its emptied pages for reuse, at the size the
+backlog gave it (168 MB of indexes after a million deliveries, docs/benchmarks.md). Only a
+rebuild returns them, and ``REINDEX ... CONCURRENTLY`` (which leaves writes alone) cannot
+run inside a transaction block or a function: a client must send it.
+
+:func:`ahousekeep` does, from cheap catalog figures: an index larger than
+``min_index_bytes`` and more than ``bloat_factor`` times what the table's live rows need
+(:data:`ROW_BYTES` each) is rebuilt. The invalid leftovers of an interrupted rebuild are
+dropped first. One process at a time per database (an advisory lock); every failure is a
+step of the report, never an exception, so that a dispatcher calling it goes on.
+
+Who calls it: the external dispatcher once it has drained work (at most once per
+``PGMB['HOUSEKEEPING_INTERVAL']`` seconds), and ``manage.py pgmb_housekeeping``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import class_row
+
+from . import sql
+
+#: Bytes of index that one live delivery may need: the widest entry (pgmb_delivery_due,
+#: 46 bytes of key and included columns, plus tuple header and line pointer) in a page kept
+#: half full by splits, rounded up. Generous: only an index many times larger is rebuilt.
+ROW_BYTES = 128
+#: The defaults of PGMB['HOUSEKEEPING_MIN_INDEX_BYTES'] and ['HOUSEKEEPING_BLOAT_FACTOR'].
+DEFAULT_MIN_INDEX_BYTES = 1024 * 1024
+DEFAULT_BLOAT_FACTOR = 4.0
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When an index counts as bloated: larger than both figures."""
+
+    #: Smaller indexes are left alone, however empty the table (a rebuild would gain little).
+    min_index_bytes: int = DEFAULT_MIN_INDEX_BYTES
+    #: How many times what the live rows need (live rows x :data:`ROW_BYTES`).
+    bloat_factor: float = DEFAULT_BLOAT_FACTOR
+
+    @classmethod
+    def from_settings(cls) -> Thresholds:
+        """The thresholds of ``PGMB`` (pgmb.conf)."""
+        from . import conf
+
+        settings = conf.get()
+        return cls(settings.HOUSEKEEPING_MIN_INDEX_BYTES, settings.HOUSEKEEPING_BLOAT_FACTOR)
+
+    def bloated(self, index_bytes: int, live_rows: int) -> bool:
+        """Whether an index of ``index_bytes`` is worth rebuilding over ``live_rows`` rows."""
+        return (
+            index_bytes > self.min_index_bytes
+            and index_bytes > self.bloat_factor * live_rows * ROW_BYTES
+        )
+
+
+@dataclass(frozen=True)
+class _Index:
+    """A row of the query ``indexes``."""
+
+    schema: str
+    name: str
+    bytes: int
+    valid: bool
+    leftover: bool
+    live_rows: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """What was done (or would be, or failed) to one index."""
+
+    index: str
+    #: 'reindexed', 'dropped leftover', 'would reindex', 'would drop leftover', or 'failed'.
+    action: str
+    before: int
+    #: Its size afterwards (None: not rebuilt; 0: dropped).
+    after: int | None = None
+    #: Why it failed (the server's first line).
+    error: str = ""
+
+    def describe(self) -> str:
+        sizes = _mb(self.before) + (f" -> {_mb(self.after)}" if self.after is not None else "")
+        return f"{self.action} {self.index} {sizes}" + (
+            f" error={self.error!r}" if self.error else ""
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    """One run of :func:`ahousekeep`."""
+
+    #: False: another process held the housekeeping lock, and nothing was looked at.
+    ran: bool
+    live_rows: int = 0
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def failed(self) -> list[Step]:
+        return [step for step in self.steps if step.action == "failed"]
+
+    def summary(self) -> str:
+        if not self.ran:
+            return "housekeeping skipped: another process holds its lock"
+        if not self.steps:
+            return f"housekeeping: no index to rebuild (live rows {self.live_rows:,})"
+        return f"housekeeping (live rows {self.live_rows:,}): " + "; ".join(
+            step.describe() for step in self.steps
+        )
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1024 / 1024:.2f} MB"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+async def _scalar(conn: psycopg.AsyncConnection[Any], query: Any, params: Any = None) -> Any:
+    async with conn.cursor() as cursor:
+        await cursor.execute(query, params)
+        row = await cursor.fetchone()
+        return row[0] if row else None
+
+
+async def ahousekeep(
+    conn: psycopg.AsyncConnection[Any],
+    thresholds: Thresholds | None = None,
+    *,
+    dry_run: bool = False,
+) -> Report:
+    """Rebuild the bloated indexes of ``pgmb_delivery`` on ``conn`` (autocommit).
+
+    Leftovers of an interrupted rebuild are dropped first; the first step that fails ends
+    the run (the next one tries again). ``dry_run``: say what would be done, do nothing,
+    take no lock. Sets the session's ``lock_timeout``.
+    """
+    if not conn.autocommit:
+        raise ValueError("housekeeping needs an autocommit connection (REINDEX CONCURRENTLY)")
+    thresholds = thresholds or Thresholds.from_settings()
+    if not dry_run and not await _scalar(conn, sql.query("housekeeping.sql", "try_lock")):
+        return Report(ran=False)
+    try:
+        if not dry_run:
+            await conn.execute(sql.query("housekeeping.sql", "session"))
+        async with conn.cursor(row_factory=class_row(_Index)) as cursor:
+            await cursor.execute(sql.query("housekeeping.sql", "indexes"))
+            indexes = await cursor.fetchall()
+        live_rows = int(indexes[0].live_rows) if indexes else 0
+        leftovers = [i for i in indexes if i.leftover]
+        bloated = [i for i in indexes if i.valid and thresholds.bloated(i.bytes, live_rows)]
+        steps: list[Step] = []
+        for what, index in [("drop_leftover", i) for i in leftovers] + [
+            ("reindex", i) for i in bloated
+        ]:
+            steps.append(await _act(conn, what, index, dry_run))
+            if steps[-1].action == "failed":
+                break  # a lock timeout or a lost connection would meet the others too
+    finally:
+        if not dry_run and not conn.closed:
+            with contextlib.suppress(psycopg.Error):  # the lock ends with the connection
+                await conn.execute(sql.query("housekeeping.sql", "unlock"))
+    return Report(ran=True, live_rows=live_rows, steps=tuple(steps))
+
+
+#: Each statement's name in the report: done, and in a dry run.
+_ACTIONS = {
+    "drop_leftover": ("dropped leftover", "would drop leftover"),
+    "reindex": ("reindexed", "would reindex"),
+}
+
+
+async def _act(conn: psycopg.AsyncConnection[Any], what: str, index: _Index, dry_run: bool) -> Step:
+    schema, name, before = index.schema, index.name, index.bytes
+    done, would = _ACTIONS[what]
+    if dry_run:
+        return Step(name, would, before)
+    statement = pgsql.SQL(sql.query("housekeeping.sql", what)).format(
+        index=pgsql.Identifier(schema, name)
+    )
+    try:
+        await conn.execute(statement)
+        if what == "drop_leftover":
+            return Step(name, done, before, 0)
+        after = await _scalar(
+            conn, sql.query("housekeeping.sql", "size"), {"schema": schema, "name": name}
+        )
+        return Step(name, done, before, int(after or 0))
+    except psycopg.Error as exc:
+        # A lock timeout, a concurrent DDL, a lost connection, a missing privilege: an
+        # outcome to report; what it left behind (an invalid copy) goes at the next run.
+        return Step(name, "failed", before, error=_first_line(exc))
+
+
+async def arun(
+    conninfo: dict[str, Any], thresholds: Thresholds | None = None, *, dry_run: bool = False
+) -> Report:
+    """:func:`ahousekeep` on a connection of its own, closed afterwards."""
+    conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
+    try:
+        return await ahousekeep(conn, thresholds, dry_run=dry_run)
+    finally:
+        await conn.close()
+
+
+def housekeep(
+    alias: str | None = None, thresholds: Thresholds | None = None, *, dry_run: bool = False
+) -> Report:
+    """:func:`arun` for a Django database alias (default: ``PGMB['DATABASE']``), blocking.
+
+    Raises psycopg's error if the database cannot be reached or the lock not asked for;
+    everything after that is in the report.
+    """
+    from . import conf
+    from .dispatch.database import conninfo_from_django
+
+    conninfo = conninfo_from_django(alias or conf.get().DATABASE)
+    return asyncio.run(arun(conninfo, thresholds or Thresholds.from_settings(), dry_run=dry_run))

@@ -7,20 +7,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 import pytest
 from django.db import connection
-from psycopg import sql
 
 import pgmb
 from pgmb import held_messages, pull
-from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess
+from tests.processes import StderrLines, closed_to_connections
 from tests.waiting import wait_until
 
 
@@ -174,22 +170,6 @@ def test_a_lost_connection_is_waited_out_and_consuming_goes_on(consume, make_pul
 # the handler runs (pgmb.held_messages), on a connection named for it.
 
 
-class _Stderr:
-    """The lines a process writes to stderr, collected as they come (a test waits on them
-    while the process runs)."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, args=(proc.stderr,), daemon=True).start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            self.lines.append(line)
-
-    def has(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-
 def _terminate(proc: subprocess.Popen) -> str:
     """SIGTERM, then the exit status 0 and stdout (stderr is read by a :class:`_Stderr`)."""
     proc.send_signal(signal.SIGTERM)
@@ -307,7 +287,7 @@ def test_failed_extensions_are_logged_and_never_stop_the_handler_or_the_consumer
     queue = make_pull_queue()
     pgmb.send("k", {"n": 1})
     proc = consume(queue.name, "--handler", "tests.pull.handlers.held", "--vt", "2")
-    stderr = _Stderr(proc)
+    stderr = StderrLines(proc)
     wait_until(lambda: _lines(out), message="the message in the handler")
     delivery = Delivery.objects.get(queue=queue)
     seen = [delivery.available_at]
@@ -348,27 +328,12 @@ def test_failed_extensions_are_logged_and_never_stop_the_handler_or_the_consumer
 # The first connection: a database that does not accept connections yet is waited for.
 
 
-@contextmanager
-def _closed_to_connections() -> Iterator[None]:
-    """The test database refuses new connections (the open ones stay), then accepts them."""
-    name = sql.Identifier(connection.settings_dict["NAME"])
-    # A database cannot close itself: this runs from the server's maintenance database.
-    other = {**conninfo_from_django("default"), "dbname": "postgres"}
-    with psycopg.connect(**other, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
-    try:
-        yield
-    finally:
-        with psycopg.connect(**other, autocommit=True) as conn:
-            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
-
-
 def test_waits_for_the_database_at_the_start(consume, make_pull_queue, out):
     queue = make_pull_queue()
     pgmb.send("k", {"n": 1})
-    with _closed_to_connections():
+    with closed_to_connections():
         proc = consume(queue.name, "--handler", "tests.pull.handlers.record")
-        stderr = _Stderr(proc)
+        stderr = StderrLines(proc)
         wait_until(lambda: stderr.has("cannot reach the database"), message="a refusal")
         assert stderr.has("is not currently accepting connections")
         assert proc.poll() is None
@@ -384,9 +349,9 @@ def test_waits_for_the_database_at_the_start(consume, make_pull_queue, out):
 
 def test_a_consumer_waiting_for_the_database_stops_on_sigterm(consume, make_pull_queue):
     queue = make_pull_queue()
-    with _closed_to_connections():
+    with closed_to_connections():
         proc = consume(queue.name, "--handler", "tests.pull.handlers.record")
-        stderr = _Stderr(proc)
+        stderr = StderrLines(proc)
         wait_until(lambda: stderr.has("cannot reach the database"), message="a refusal")
         stdout = _terminate(proc)
     assert "stopped before the database could be reached" in stdout

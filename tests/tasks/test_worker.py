@@ -14,8 +14,9 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django_tasks import TaskResultStatus
 
-from pgmb.models import DeadLetter, Queue
+from pgmb.models import DeadLetter, DispatcherProcess, Queue
 from pgmb.tasks import UnroutedTask
+from tests.processes import StderrLines, closed_to_connections
 from tests.tasks import jobs
 from tests.waiting import wait_until
 
@@ -100,6 +101,39 @@ def test_a_task_that_keeps_failing_is_dead_lettered_and_failed(spawn):
         message="the dead letter",
     )
     _stop(proc)
+
+
+def _terminate(proc: subprocess.Popen) -> str:
+    """SIGTERM, then the exit status 0 and stdout (stderr is read by a StderrLines)."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    return proc.stdout.read()
+
+
+def test_the_worker_waits_for_the_database_at_the_start(spawn):
+    """Started with its database (a container, a failover): it waits, then runs tasks."""
+    _queues()
+    added = jobs.add.enqueue(2, 3)
+    with closed_to_connections():
+        proc = spawn("pgmb_tasks_worker")
+        stderr = StderrLines(proc)
+        wait_until(lambda: stderr.has("cannot reach the database"), message="a refusal")
+        assert proc.poll() is None
+    wait_until(_finished(added), message="the task run once the database is back")
+    assert added.return_value == 5
+    assert stderr.has("reached the database")
+    assert "1 tasks done, 0 attempts failed" in _terminate(proc)
+
+
+def test_a_worker_waiting_for_the_database_stops_on_sigterm(spawn):
+    _queues()
+    with closed_to_connections():
+        proc = spawn("pgmb_tasks_worker")
+        stderr = StderrLines(proc)
+        wait_until(lambda: stderr.has("cannot reach the database"), message="a refusal")
+        out = _terminate(proc)
+    assert "stopped before the database could be reached" in out
+    assert not DispatcherProcess.objects.exists()
 
 
 def test_pgmb_consume_runs_a_tasks_queue_with_the_handler(spawn):

@@ -6,14 +6,17 @@ import logging
 import signal
 import sys
 import threading
+import time
 from functools import partial
 from typing import Any
 
 import psycopg
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.db import OperationalError, connections
 
 from pgmb.consume import Consumer
+from pgmb.dispatch.backoff import Backoff
+from pgmb.dispatch.database import WARN_EVERY
 from pgmb.errors import PgmbError
 from pgmb.management.commands.pgmb_dispatch import _positive
 from pgmb.tasks import PgmbBackend
@@ -67,24 +70,36 @@ class Command(BaseCommand):
                 f"backend {opts['backend']!r} has no queue {unknown[0]!r} (its QUEUES: "
                 f"{', '.join(sorted(backend.queues))})"
             )
-        try:
-            queues = ensure_queues(names, using=backend.database)
-        except (PgmbError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
         if opts["create_queues"]:
+            # A deployment step: a database that cannot be reached is its error.
+            try:
+                queues = ensure_queues(names, using=backend.database)
+            except (PgmbError, ValueError) as exc:
+                raise CommandError(str(exc)) from exc
             if opts["verbosity"] >= 1:
                 self.stdout.write(f"queues ready: {', '.join(queues)}")
             return
         self._configure_logging(opts["verbosity"])
-        handler = partial(run_message, using=backend.database)
-        consumers = [Consumer(q, handler, vt=opts["vt"], using=backend.database) for q in queues]
+        stopping = threading.Event()
+        consumers: list[Consumer] = []
+
+        def stop(signum: int, frame: Any) -> None:
+            stopping.set()
+            for consumer in consumers:
+                consumer.stop()
+
+        # Before the database is reached: a worker still waiting for it stops on them too.
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            for consumer in consumers:
-                consumer.connect()
-        except psycopg.Error as exc:
-            for consumer in consumers:
-                consumer.close()
-            raise CommandError(str(exc).strip().splitlines()[0]) from exc
+            started = self._start(names, backend.database, opts["vt"], stopping, consumers)
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        if started is None:
+            if opts["verbosity"] >= 1:
+                self.stdout.write("stopped before the database could be reached")
+            return
+        queues = started
         failures = self._run(consumers, opts["verbosity"], queues)
         if opts["verbosity"] >= 1:
             done = sum(c.deleted for c in consumers)
@@ -92,6 +107,52 @@ class Command(BaseCommand):
             self.stdout.write(f"{done} tasks done, {failed} attempts failed")
         if failures:
             raise CommandError(f"a consumer stopped on an error: {failures[0]}")
+
+    def _start(
+        self,
+        names: list[str],
+        alias: str,
+        vt: float | None,
+        stopping: threading.Event,
+        consumers: list[Consumer],
+    ) -> list[str] | None:
+        """The pull queues (created if missing), with their consumers connected into
+        ``consumers``, once the database accepts connections (a worker started with its
+        database, in a container or after a failover, waits as pgmb_consume does); None if
+        stopped first."""
+        backoff = Backoff()
+        warned_at: float | None = None
+        while True:
+            try:
+                queues = ensure_queues(names, using=alias)
+                break
+            except OperationalError as exc:
+                connections[alias].close()
+                now = time.monotonic()
+                if warned_at is None or now - warned_at >= WARN_EVERY:
+                    warned_at = now
+                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc
+                    log.warning("cannot reach the database (%s): trying again", reason)
+                if stopping.wait(backoff.next()):
+                    return None
+            except (PgmbError, ValueError) as exc:
+                raise CommandError(str(exc)) from exc
+        if warned_at is not None:
+            log.warning("reached the database")
+        handler = partial(run_message, using=alias)
+        consumers.extend(Consumer(q, handler, vt=vt, using=alias) for q in queues)
+        try:
+            for consumer in consumers:
+                # Stopped meanwhile: the rest are not connected, and close() is harmless.
+                if stopping.is_set() or consumer.connect_waiting() is None:
+                    for each in consumers:
+                        each.close()
+                    return None
+        except psycopg.Error as exc:
+            for consumer in consumers:
+                consumer.close()
+            raise CommandError(str(exc).strip().splitlines()[0]) from exc
+        return queues
 
     def _run(self, consumers: list[Consumer], verbosity: int, queues: list[str]) -> list[str]:
         failures: list[str] = []

@@ -1392,6 +1392,7 @@ DECLARE
     claimed pgmb.claimed[];
     c pgmb.claimed;
     outcome pgmb.http_outcome;
+    transport text;
     started timestamptz;
     next_post jsonb := '{}';
     wait float8;
@@ -1457,6 +1458,8 @@ BEGIN
             PERFORM pg_sleep(greatest(wait, 0.005));
             CONTINUE;
         END IF;
+        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
+        transport := pgmb.http_transport();
         FOR i IN 1 .. cardinality(claimed) LOOP
             c := claimed[i];
             IF clock_timestamp() >= deadline THEN
@@ -1501,8 +1504,15 @@ BEGIN
             END IF;
             started := clock_timestamp();
             BEGIN
-                outcome := pgmb.post(c.endpoint, c.body,
-                                     pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
+                -- cannot even be planned where PL/Python is missing.
+                IF transport = 'plpython3u' THEN
+                    outcome := pgmb.post_via_plpython(c.endpoint, c.body,
+                                                      pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                ELSE
+                    outcome := pgmb.post(c.endpoint, c.body,
+                                         pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                END IF;
             EXCEPTION WHEN others THEN
                 outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
                                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;

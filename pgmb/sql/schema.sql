@@ -2302,13 +2302,17 @@ if pool is None:
     pool = GD["pgmb_connections"] = {}
 key = (scheme, host, port)
 conn = pool.pop(key, None)
-if conn is not None and (conn.sock is None or select.select([conn.sock], [], [], 0)[0]):
-    # An idle connection has nothing to say: readable means the server closed it (or broke
-    # the protocol). Found now, it costs no request sent in vain.
-    conn.close()
-    conn = None
-reused = conn is not None
 try:
+    if conn is not None:
+        # An idle connection has nothing to say: readable means the server closed it (or
+        # broke the protocol). Found now, it costs no request sent in vain. poll, not select:
+        # a backend's descriptors may number past select's 1024.
+        idle = select.poll()
+        idle.register(conn.sock, select.POLLIN)
+        if idle.poll(0):
+            conn.close()
+            conn = None
+    reused = conn is not None
     while True:
         if conn is None:
             connection_class = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
@@ -2357,13 +2361,15 @@ if 200 <= status <= 299:  # what pgmb.http_outcome makes of a success, without a
 # 500 characters at most reach the outcome; 4 bytes a character at most. PostgreSQL text
 # holds no NUL.
 text = content[:2000].decode("utf-8", "replace").replace("\x00", "")
+location, retry_after = (
+    None if value is None else value.replace("\x00", "")
+    for value in (response.getheader("Location"), response.getheader("Retry-After")))
 plan = GD.get("pgmb_outcome_plan")
 if plan is None:
     plan = GD["pgmb_outcome_plan"] = plpy.prepare(
         "SELECT (o).* FROM (SELECT pgmb.http_outcome($1, $2, $3, $4, clock_timestamp() - $5 * interval '1 millisecond') AS o) s",
         ["integer", "text", "text", "text", "float8"])
-row = plpy.execute(plan, [status, text, response.getheader("Location"), response.getheader("Retry-After"),
-                          (time.perf_counter() - started) * 1000])[0]
+row = plpy.execute(plan, [status, text, location, retry_after, (time.perf_counter() - started) * 1000])[0]
 return (row["status"], row["error"], row["retry_after"], row["duration_ms"])
 $_$;
 

@@ -28,6 +28,11 @@ def migration_script(name: str, *, down: bool = False) -> str:
     return script(f"migrations/{name}{'.down' if down else ''}.sql")
 
 
+def has_down_script(name: str) -> bool:
+    """Whether ``migrations/<name>.sql`` has a ``.down.sql`` reverse."""
+    return resources.files(__package__).joinpath(f"migrations/{name}.down.sql").is_file()
+
+
 @cache
 def _queries(filename: str) -> dict[str, str]:
     text = script(f"queries/{filename}")

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import migrations
 
-from . import migration_script
+from . import has_down_script, migration_script
 
 
 class RunMigrationSQL(migrations.RunSQL):
@@ -33,18 +33,29 @@ class RunPlpythonSQL(migrations.RunPython):
 
     The file defines functions in ``LANGUAGE plpython3u``: without the language, migrating
     still succeeds and the system checks say what the in-database path lacks. Migrating
-    back needs nothing: the reverse of the migration that created schema ``pgmb`` drops them.
+    back runs ``<name>.down.sql`` where the language is installed, if there is one (it puts
+    back the functions' earlier versions); without one, the reverse of the migration that
+    created schema ``pgmb`` drops the functions.
     """
 
     def __init__(self, name: str) -> None:
         self.sql_name = name
-        super().__init__(self._forward, migrations.RunPython.noop)
+        super().__init__(self._forward, self._backward)
 
     def _forward(self, apps: Any, schema_editor: Any) -> None:
         from .. import indb
 
         with schema_editor.connection.cursor() as cursor:
             indb.install_plpython_transport(cursor, self.sql_name)
+
+    def _backward(self, apps: Any, schema_editor: Any) -> None:
+        from .. import indb
+
+        if not has_down_script(self.sql_name):
+            return
+        with schema_editor.connection.cursor() as cursor:
+            if indb.capabilities(cursor).plpython_installed:
+                cursor.execute(migration_script(self.sql_name, down=True))
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         return f"{__name__}.{type(self).__qualname__}", [self.sql_name], {}

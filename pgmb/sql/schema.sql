@@ -1392,6 +1392,7 @@ DECLARE
     claimed pgmb.claimed[];
     c pgmb.claimed;
     outcome pgmb.http_outcome;
+    transport text;
     started timestamptz;
     next_post jsonb := '{}';
     wait float8;
@@ -1457,6 +1458,8 @@ BEGIN
             PERFORM pg_sleep(greatest(wait, 0.005));
             CONTINUE;
         END IF;
+        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
+        transport := pgmb.http_transport();
         FOR i IN 1 .. cardinality(claimed) LOOP
             c := claimed[i];
             IF clock_timestamp() >= deadline THEN
@@ -1501,8 +1504,15 @@ BEGIN
             END IF;
             started := clock_timestamp();
             BEGIN
-                outcome := pgmb.post(c.endpoint, c.body,
-                                     pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
+                -- cannot even be planned where PL/Python is missing.
+                IF transport = 'plpython3u' THEN
+                    outcome := pgmb.post_via_plpython(c.endpoint, c.body,
+                                                      pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                ELSE
+                    outcome := pgmb.post(c.endpoint, c.body,
+                                         pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                END IF;
             EXCEPTION WHEN others THEN
                 outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
                                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
@@ -2246,40 +2256,120 @@ END $_$;
 CREATE FUNCTION pgmb.post_via_plpython(url text, body text, headers jsonb, timeout double precision) RETURNS pgmb.http_outcome
     LANGUAGE plpython3u
     AS $_$
+import http.client
 import json
+import select
 import time
-import urllib.error
-import urllib.request
+from urllib.parse import urlsplit
 
-opener = GD.get("pgmb_opener")
-if opener is None:
-    class NoRedirects(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None  # a 3xx comes back as an HTTPError, like any failure
-
-    opener = GD["pgmb_opener"] = urllib.request.build_opener(NoRedirects)
+# A response body is read to its end so that its connection can carry the next request; past
+# this many bytes closing the connection costs less than reading on.
+BODY_LIMIT = 1 << 20
+# Connections kept per backend, the least recently used closed first: a session that posts
+# to many endpoints must not hold a socket open for each of them.
+KEPT = 64
 
 started = time.perf_counter()
-request = urllib.request.Request(url, data=body.encode(), method="POST", headers=json.loads(headers))
-try:
-    with opener.open(request, timeout=timeout) as response:
-        response.read(1)
-        status, content, location, retry_after = response.status, "", None, None
-except urllib.error.HTTPError as exc:
-    status = exc.code
-    content = exc.read(500).decode("utf-8", "replace")
-    location, retry_after = exc.headers.get("Location"), exc.headers.get("Retry-After")
-except Exception as exc:  # timeouts, refusals, resets: no HTTP answer
-    reason = getattr(exc, "reason", exc)
-    text = "timeout after %gs" % timeout if "timed out" in str(reason) else "%s: %s" % (type(exc).__name__, reason)
-    return (None, text, None, (time.perf_counter() - started) * 1000)
 
+def failure(exc):
+    if isinstance(exc, TimeoutError) or "timed out" in str(exc):
+        return (None, "timeout after %gs" % timeout, None, (time.perf_counter() - started) * 1000)
+    return (None, "%s: %s" % (type(exc).__name__, exc), None, (time.perf_counter() - started) * 1000)
+
+try:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise ValueError("unknown url type: %r" % url)
+    host = parts.hostname
+    if not host:
+        raise ValueError("no host given: %r" % url)
+    port = parts.port or (443 if scheme == "https" else 80)
+    target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+    sent = json.loads(headers)
+    names = {name.lower() for name in sent}
+    if "content-type" not in names:
+        sent["Content-Type"] = "application/json"
+    if "user-agent" not in names:
+        sent["User-Agent"] = "pgmb-dispatcher"
+    data = body.encode()
+except Exception as exc:
+    return failure(exc)
+
+# GD lives as long as the backend, and one backend runs one loop: no locking.
+pool = GD.get("pgmb_connections")
+if pool is None:
+    pool = GD["pgmb_connections"] = {}
+key = (scheme, host, port)
+conn = pool.pop(key, None)
+try:
+    if conn is not None:
+        # An idle connection has nothing to say: readable means the server closed it (or
+        # broke the protocol). Found now, it costs no request sent in vain. poll, not select:
+        # a backend's descriptors may number past select's 1024.
+        idle = select.poll()
+        idle.register(conn.sock, select.POLLIN)
+        if idle.poll(0):
+            conn.close()
+            conn = None
+    reused = conn is not None
+    while True:
+        if conn is None:
+            connection_class = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+            conn = connection_class(host, port, timeout=timeout)
+        else:
+            conn.timeout = timeout
+            conn.sock.settimeout(timeout)
+        try:
+            conn.request("POST", target, data, sent)
+            response = conn.getresponse()
+            break
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            # RemoteDisconnected is a ConnectionResetError: no answer came. On a kept connection
+            # the server most likely closed it just as the request went out: once more on a
+            # fresh one (at-least-once: should the server have handled it, a duplicate).
+            conn.close()
+            conn = None
+            if not reused:
+                raise
+            reused = False
+except Exception as exc:  # timeouts, refusals, resets: no HTTP answer
+    if conn is not None:
+        conn.close()
+    return failure(exc)
+
+status = response.status
+keep = not response.will_close
+try:
+    if response.length is not None and response.length <= BODY_LIMIT:
+        content = response.read()
+    else:
+        content = response.read(BODY_LIMIT)
+        keep = keep and response.isclosed()  # read to its end, under the limit
+except Exception:  # the answer came; a body cut short only costs the connection
+    content = b""
+    keep = False
+if keep:
+    pool[key] = conn
+    while len(pool) > KEPT:
+        pool.pop(next(iter(pool))).close()
+else:
+    conn.close()
+
+if 200 <= status <= 299:  # what pgmb.http_outcome makes of a success, without asking it
+    return (status, "", None, (time.perf_counter() - started) * 1000)
+# 500 characters at most reach the outcome; 4 bytes a character at most. PostgreSQL text
+# holds no NUL.
+text = content[:2000].decode("utf-8", "replace").replace("\x00", "")
+location, retry_after = (
+    None if value is None else value.replace("\x00", "")
+    for value in (response.getheader("Location"), response.getheader("Retry-After")))
 plan = GD.get("pgmb_outcome_plan")
 if plan is None:
     plan = GD["pgmb_outcome_plan"] = plpy.prepare(
         "SELECT (o).* FROM (SELECT pgmb.http_outcome($1, $2, $3, $4, clock_timestamp() - $5 * interval '1 millisecond') AS o) s",
         ["integer", "text", "text", "text", "float8"])
-row = plpy.execute(plan, [status, content, location, retry_after, (time.perf_counter() - started) * 1000])[0]
+row = plpy.execute(plan, [status, text, location, retry_after, (time.perf_counter() - started) * 1000])[0]
 return (row["status"], row["error"], row["retry_after"], row["duration_ms"])
 $_$;
 

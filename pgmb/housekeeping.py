@@ -28,6 +28,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import class_row
 
 from . import sql
+from .dispatch.database import _first_line
 
 #: Bytes of index that one live delivery may need: the widest entry (pgmb_delivery_due,
 #: 46 bytes of key and included columns, plus tuple header and line pointer) in a page kept
@@ -120,11 +121,6 @@ class Report:
 
 def _mb(size: int) -> str:
     return f"{size / 1024 / 1024:.2f} MB"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 async def _scalar(conn: psycopg.AsyncConnection[Any], query: Any, params: Any = None) -> Any:

@@ -16,7 +16,7 @@ from django.db import OperationalError, connections
 
 from pgmb.consume import Consumer
 from pgmb.dispatch.backoff import Backoff
-from pgmb.dispatch.database import WARN_EVERY
+from pgmb.dispatch.database import WARN_EVERY, _first_line
 from pgmb.errors import PgmbError
 from pgmb.management.commands.pgmb_dispatch import _positive
 from pgmb.tasks import PgmbBackend
@@ -131,8 +131,7 @@ class Command(BaseCommand):
                 now = time.monotonic()
                 if warned_at is None or now - warned_at >= WARN_EVERY:
                     warned_at = now
-                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc
-                    log.warning("cannot reach the database (%s): trying again", reason)
+                    log.warning("cannot reach the database (%s): trying again", _first_line(exc))
                 if stopping.wait(backoff.next()):
                     return None
             except (PgmbError, ValueError) as exc:

@@ -35,7 +35,7 @@ from ..deliveries import Claimed, Failure, Success
 from ..housekeeping import Thresholds
 from .backoff import Backoff
 from .client import Outcome, new_session, post
-from .database import Database, Unavailable, listen
+from .database import Database, Unavailable, _first_line, listen
 from .pacing import UNPACED_RPS, Pacer
 from .request import build_headers
 
@@ -311,7 +311,7 @@ class Dispatcher:
             log.warning(
                 "housekeeping could not run (%s: %s); next look in %g s at the earliest",
                 type(exc).__name__,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                _first_line(exc),
                 self.options.housekeeping_interval,
             )
             return
@@ -387,7 +387,7 @@ class Dispatcher:
             log.error(
                 "could not record a heartbeat (%s: %s); trying again later",
                 type(exc).__name__,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                _first_line(exc),
             )
 
     async def _unregister(self) -> None:
@@ -404,7 +404,7 @@ class Dispatcher:
                 "could not mark dispatcher id=%d stopped (%s: %s)",
                 self.registration,
                 type(exc).__name__,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                _first_line(exc),
             )
 
     async def _claim_side(self, call: deliveries.Call[T], refused: T) -> T:
@@ -419,7 +419,7 @@ class Dispatcher:
             log.error(
                 "the database refused a state-machine call (%s: %s); trying again later",
                 type(exc).__name__,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                _first_line(exc),
             )
             return refused
 

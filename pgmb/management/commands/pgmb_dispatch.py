@@ -12,6 +12,7 @@ from django.db import DatabaseError, connections
 from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf
+from pgmb.dispatch import heap
 from pgmb.dispatch.database import conninfo_from_django
 from pgmb.dispatch.engine import Options
 from pgmb.dispatch.supervisor import Supervisor
@@ -120,6 +121,12 @@ class Command(BaseCommand):
             housekeeping_thresholds=Thresholds.from_settings(),
         )
         supervisor = Supervisor({alias: conninfo_from_django(alias) for alias in aliases}, options)
+        frozen = heap.settle()
+        logging.getLogger("pgmb.dispatch").debug(
+            "heap settled: %d objects frozen, young collections every %d allocations",
+            frozen,
+            heap.YOUNG_THRESHOLD,
+        )
         served = asyncio.run(supervisor.run())
         if opts["verbosity"] >= 1:
             for alias, result in served.items():

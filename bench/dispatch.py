@@ -42,8 +42,25 @@ from bench import endpoints, harness  # noqa: E402
 CONCURRENCY = 64
 #: A worker this fast is never held back by its rate limit.
 UNLIMITED_RPS = 1_000_000
-#: The local PostgreSQL server's PID (None if remote), whose CPU the dispatch runs count.
+#: The local PostgreSQL server's PID (None if remote) and the endpoint's, whose CPU the
+#: throughput runs count.
 SERVER: int | None = None
+ENDPOINT: int | None = None
+
+
+def _cpu_of_others() -> tuple[float, float]:
+    return harness.tree_cpu(SERVER), harness.tree_cpu(ENDPOINT)
+
+
+def _per_message(before: tuple[float, float], n: int) -> dict[str, float]:
+    """PostgreSQL's and the endpoint's CPU µs per message since ``before``."""
+    server, endpoint = _cpu_of_others()
+    return {
+        "server_us": (server - before[0]) / n * 1e6,
+        "endpoint_us": (endpoint - before[1]) / n * 1e6,
+    }
+
+
 BODY = {
     "order_id": 1234567,
     "customer": "c-01234",
@@ -114,8 +131,7 @@ def run_dispatcher(queue_id: str, n: int) -> harness.Sample:
     publish("fast_queue", n)
     with harness.connect() as conn:
         (since,) = conn.execute("SELECT clock_timestamp()").fetchone()
-        cpu, start = _children_cpu(), time.perf_counter()
-        server = harness.tree_cpu(SERVER)
+        cpu, start, others = _children_cpu(), time.perf_counter(), _cpu_of_others()
         proc = subprocess.run(
             _dispatch("--until-idle", "--queue", "fast_queue", "-v", "1"),
             cwd=ROOT,
@@ -124,7 +140,7 @@ def run_dispatcher(queue_id: str, n: int) -> harness.Sample:
             check=False,
         )
         wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
-        server = harness.tree_cpu(SERVER) - server
+        others_us = _per_message(others, n)
         if proc.returncode:
             raise RuntimeError(f"pgmb_dispatch failed ({proc.returncode}):\n{proc.stderr}")
         acks, first, last = conn.execute(
@@ -142,7 +158,7 @@ def run_dispatcher(queue_id: str, n: int) -> harness.Sample:
         "rate": (acks - 1) / span if span > 0 else float("nan"),
         "end_to_end": n / wall,
         "cpu_us": cpu / n * 1e6,
-        "server_us": server / n * 1e6,
+        **others_us,
     }
 
 
@@ -168,7 +184,7 @@ def run_running_dispatcher(queue_id: str, n: int) -> harness.Sample:
             with transaction.atomic():
                 publish("fast_queue", n)
             (committed,) = conn.execute("SELECT clock_timestamp()").fetchone()
-            cpu, server = harness.tree_cpu(dispatcher.pid), harness.tree_cpu(SERVER)
+            cpu, others = harness.tree_cpu(dispatcher.pid), _cpu_of_others()
             deadline = time.monotonic() + 120
             while conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM pgmb_delivery WHERE queue_id = %s)", (queue_id,)
@@ -177,7 +193,7 @@ def run_running_dispatcher(queue_id: str, n: int) -> harness.Sample:
                     raise RuntimeError("the running dispatcher did not deliver everything")
                 time.sleep(0.02)
             cpu = harness.tree_cpu(dispatcher.pid) - cpu
-            server = harness.tree_cpu(SERVER) - server
+            others_us = _per_message(others, n)
             acks, last = conn.execute(
                 "SELECT count(*), max(created_at) FROM pgmb_attempt"
                 " WHERE queue_id = %s AND outcome = 'ack' AND created_at >= %s",
@@ -191,7 +207,7 @@ def run_running_dispatcher(queue_id: str, n: int) -> harness.Sample:
     return {
         "rate": n / (last - committed).total_seconds(),
         "cpu_us": cpu / n * 1e6,
-        "server_us": server / n * 1e6,
+        **others_us,
     }
 
 
@@ -226,7 +242,14 @@ def _raw_client(url: str, n: int, headers: dict[str, str]) -> harness.Sample:
 
     cpu = time.process_time()
     rate = asyncio.run(main())
-    return {"rate": rate, "cpu_us": (time.process_time() - cpu) / n * 1e6, "server_us": 0.0}
+    return {"rate": rate, "cpu_us": (time.process_time() - cpu) / n * 1e6}
+
+
+def run_raw(pool: harness.Pool, url: str, n: int, headers: dict[str, str]) -> harness.Sample:
+    """aiohttp alone, in the pool's client process."""
+    others = _cpu_of_others()
+    sample = pool.map(_raw_client, [(url, n, headers)])[0]
+    return {**sample, **_per_message(others, n)}
 
 
 # --- 2: latency from commit to arrival. ---
@@ -365,7 +388,7 @@ def throughput(
 ) -> None:
     n = args.messages
     headers = sample_headers()
-    raw = harness.Case("raw", lambda: pool.map(_raw_client, [(url, n, headers)])[0])
+    raw = harness.Case("raw", lambda: run_raw(pool, url, n, headers))
     dispatcher = harness.Case("dispatch", lambda: run_dispatcher(queue_id, n))
     running = harness.Case("running", lambda: run_running_dispatcher(queue_id, n))
     pool.map(_raw_client, [(url, 2_000, headers)])  # warms nginx and the client; not counted
@@ -378,7 +401,7 @@ def throughput(
         "(pgmb_dispatch --until-idle: start-up included). End to end: the messages committed "
         "at once to a dispatcher already waiting, from that COMMIT to the last ack (CPU: "
         "meanwhile). Server: PostgreSQL's CPU per message meanwhile, background processes "
-        "(autovacuum, checkpoints) included."
+        "(autovacuum, checkpoints) included; endpoint: the endpoint's."
     )
     harness.print_table(
         results,
@@ -399,6 +422,7 @@ def throughput(
         (
             harness.Column("CPU us", "cpu_us", harness.median),
             harness.Column("server us", "server_us", harness.median),
+            harness.Column("endpoint us", "endpoint_us", harness.median),
         ),
     )
     print(f"  Goal >= 5,000 deliveries/s steady: {'met' if steady >= 5000 else 'NOT MET'}.")
@@ -482,8 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             http=f"aiohttp {aiohttp.__version__}, asyncio event loop",
             endpoint=f'{fast.describe()} on 127.0.0.1, answering 200 "ok"',
         )
-        global SERVER
-        SERVER = harness.postmaster()
+        global SERVER, ENDPOINT
+        SERVER, ENDPOINT = harness.postmaster(), fast.pid
         load = harness.OtherLoad(SERVER)
         with harness.Pool(1) as pool:
             if "throughput" not in args.skip:

@@ -92,6 +92,11 @@ class Endpoint:
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
+    @property
+    def pid(self) -> int:
+        """The server's process (nginx runs as one process, without a master)."""
+        return self._proc.pid
+
     def stop(self) -> None:
         if self._proc.poll() is None:
             self._proc.terminate()

@@ -1107,6 +1107,8 @@ DECLARE
     tokens integer;
     got integer;
     breaker text;
+    bucket float8;
+    taken integer;
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
@@ -1125,19 +1127,19 @@ BEGIN
     LOOP
         EXIT WHEN remaining <= 0;
         -- The bucket is the worker row. If another claim holds it right now, that claim is
-        -- serving this worker: skip it rather than wait (as with deliveries).
-        PERFORM 1 FROM pgmb_worker wk WHERE wk.id = w.id FOR UPDATE SKIP LOCKED;
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state
+        INTO bucket, breaker
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
-        UPDATE pgmb_worker wk
-        SET tokens = least(greatest(1, wk.rps * wk.burst),
-                           wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-            tokens_at = t
-        WHERE wk.id = w.id
-        RETURNING floor(wk.tokens)::integer, wk.breaker_state INTO tokens, breaker;
-        tokens := least(tokens, remaining);
+        tokens := least(floor(bucket)::integer, remaining);
         -- Circuit breaker (0022): open, nothing; after its cool-down, one delivery (the probe).
         IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
-        CONTINUE WHEN tokens <= 0;
+        taken := 0;
         -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
         FOREACH q IN ARRAY w.queue_ids LOOP
             EXIT WHEN tokens <= 0;
@@ -1169,8 +1171,9 @@ BEGIN
             GET DIAGNOSTICS got = ROW_COUNT;
             tokens := tokens - got;
             remaining := remaining - got;
-            UPDATE pgmb_worker wk SET tokens = wk.tokens - got WHERE wk.id = w.id AND got > 0;
+            taken := taken + got;
         END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
     END LOOP;
 END $$;
 
@@ -1405,6 +1408,10 @@ DECLARE
     run_bodies text[];
     run_headers jsonb[];
     run_timeouts float8[];
+    run_ids bigint[];
+    run_leases uuid[];
+    run_ok integer;
+    paced boolean;
     run_outcomes pgmb.http_outcome[];
     run_first float8;
     run_last_ms float8;
@@ -1478,6 +1485,8 @@ BEGIN
         runs := transport = 'plpython3u'
                 AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
                                     'float8, float8, float8, float8)') IS NOT NULL;
+        -- Whether a run must look for paced rows that end it (most claims have none).
+        SELECT coalesce(bool_or(x.rps < 1000), false) INTO paced FROM unnest(claimed) AS x;
         i := 1;
         WHILE i <= cardinality(claimed) LOOP
             c := claimed[i];
@@ -1523,9 +1532,11 @@ BEGIN
                 -- room for (pgmb.post_run_via_plpython stops earlier at the batch's other
                 -- bounds).
                 run_end := i - 1 + least(cardinality(claimed) - i + 1, commit_every - cardinality(done_ids));
-                SELECT coalesce(min(k) - 1, run_end) INTO run_end
-                FROM generate_series(i + 1, run_end) AS k
-                WHERE (claimed[k]).rps < 1000;
+                IF paced THEN
+                    SELECT coalesce(min(k) - 1, run_end) INTO run_end
+                    FROM generate_series(i + 1, run_end) AS k
+                    WHERE (claimed[k]).rps < 1000;
+                END IF;
                 -- The headers of the whole run in one statement. Should one row's fail (a
                 -- secret stored before the rules refused it, say), the rows before it make
                 -- the run, and it goes the one-request way, which records its fault.
@@ -1550,8 +1561,9 @@ BEGIN
                 END;
                 IF run_end IS NOT NULL THEN
                     SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
-                           array_agg(x.timeout ORDER BY x.ordinality)
-                    INTO run_urls, run_bodies, run_timeouts
+                           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+                           array_agg(x.lease_id ORDER BY x.ordinality)
+                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases
                     FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
                 END IF;
             END IF;
@@ -1563,8 +1575,9 @@ BEGIN
             IF run_end IS NOT NULL THEN
                 BEGIN
                     SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
-                           min(r.finished), (array_agg(r.duration_ms ORDER BY r.n DESC))[1]
-                    INTO run_outcomes, run_first, run_last_ms
+                           min(r.finished), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+                           count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+                    INTO run_outcomes, run_first, run_last_ms, posted, run_ok
                     FROM pgmb.post_run_via_plpython(
                              run_urls, run_bodies, run_headers, run_timeouts,
                              commit_every - cardinality(done_ids), commit_ms,
@@ -1579,21 +1592,18 @@ BEGIN
                                               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
                     run_first := extract(epoch FROM clock_timestamp());
                     run_last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                    posted := 1;
+                    run_ok := 0;
                 END;
-                posted := cardinality(run_outcomes);
                 last_post_ms := run_last_ms;
                 IF cardinality(done_ids) = 0 THEN
                     pending_since := to_timestamp(run_first);
                 END IF;
-                SELECT done_ids || array_agg((claimed[k]).delivery_id ORDER BY k),
-                       done_leases || array_agg((claimed[k]).lease_id ORDER BY k)
-                INTO done_ids, done_leases
-                FROM generate_series(i, i + posted - 1) AS k;
+                done_ids := done_ids || run_ids[1:posted];
+                done_leases := done_leases || run_leases[1:posted];
                 done_outcomes := done_outcomes || run_outcomes;
-                SELECT delivered + count(*) FILTER (WHERE o.status BETWEEN 200 AND 299),
-                       failed + count(*) FILTER (WHERE o.status IS NULL OR o.status NOT BETWEEN 200 AND 299)
-                INTO delivered, failed
-                FROM unnest(run_outcomes) AS o;
+                delivered := delivered + run_ok;
+                failed := failed + posted - run_ok;
                 i := i + posted;
             ELSE
                 BEGIN

@@ -1,5 +1,85 @@
 -- Migrating back from 0031: the loop of 0030, which posts one request per PL/pgSQL
--- iteration, and 0020's pgmb.request_headers, which held the headers' rule itself.
+-- iteration, 0020's pgmb.request_headers, which held the headers' rule itself, and
+-- 0029's pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+    lease uuid := gen_random_uuid();
+    remaining integer := max_count;
+    w record;
+    q uuid;
+    tokens integer;
+    got integer;
+    breaker text;
+BEGIN
+    FOR w IN
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (0022)
+          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
+        GROUP BY wk.id
+        ORDER BY random()
+    LOOP
+        EXIT WHEN remaining <= 0;
+        -- The bucket is the worker row. If another claim holds it right now, that claim is
+        -- serving this worker: skip it rather than wait (as with deliveries).
+        PERFORM 1 FROM pgmb_worker wk WHERE wk.id = w.id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE pgmb_worker wk
+        SET tokens = least(greatest(1, wk.rps * wk.burst),
+                           wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+            tokens_at = t
+        WHERE wk.id = w.id
+        RETURNING floor(wk.tokens)::integer, wk.breaker_state INTO tokens, breaker;
+        tokens := least(tokens, remaining);
+        -- Circuit breaker (0022): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
+        CONTINUE WHEN tokens <= 0;
+        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
+        FOREACH q IN ARRAY w.queue_ids LOOP
+            EXIT WHEN tokens <= 0;
+            RETURN QUERY
+            WITH picked AS (
+                SELECT d.id, d.priority, d.available_at FROM pgmb_delivery d
+                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                ORDER BY d.priority, d.available_at, d.id
+                LIMIT tokens
+                FOR NO KEY UPDATE SKIP LOCKED
+            ), leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
+                UPDATE pgmb_delivery d
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
+                FROM picked, pgmb_queue qu
+                WHERE d.id = picked.id AND qu.id = d.queue_id
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds, picked.priority, picked.available_at AS due
+            )
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
+            FROM leased l
+            JOIN pgmb_message m ON m.id = l.message_id
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked (the joins above may return rows in any order).
+            ORDER BY l.priority, l.due, l.id;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            tokens := tokens - got;
+            remaining := remaining - got;
+            UPDATE pgmb_worker wk SET tokens = wk.tokens - got WHERE wk.id = w.id AND got > 0;
+        END LOOP;
+    END LOOP;
+END $$;
+
 CREATE OR REPLACE FUNCTION pgmb.request_headers(c pgmb.claimed, unix_time bigint) RETURNS jsonb
 LANGUAGE plpgsql STABLE AS $$
 DECLARE

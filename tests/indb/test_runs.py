@@ -152,3 +152,60 @@ def test_a_cancel_during_a_run_stops_it_after_the_request_in_flight(
     assert len(recording_server.requests) == 2
     assert not Attempt.objects.exists()
     assert Delivery.objects.filter(state="leased").count() == 6
+
+
+@pytest.fixture
+def post_run(pg: psycopg.Connection):
+    """CALL-free access to pgmb.post_run_via_plpython from the test's backend."""
+    if (
+        pg.execute(
+            "SELECT to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[],"
+            " float8[], integer, float8, float8, float8, float8)')"
+        ).fetchone()[0]
+        is None
+    ):
+        pytest.skip("plpython3u is not installed in the test database")
+
+    def call(urls: list[str], max_count: int = 50, held_ms: float | None = None, deadline=1e12):
+        return pg.execute(
+            "SELECT status, error FROM pgmb.post_run_via_plpython(%s, %s, %s::jsonb[], %s,"
+            " %s, 50, %s, 0, %s)",
+            (
+                urls,
+                [f'{{"n": {n}}}' for n in range(len(urls))],
+                ["{}"] * len(urls),
+                [10.0] * len(urls),
+                max_count,
+                held_ms,
+                deadline,
+            ),
+        ).fetchall()
+
+    return call
+
+
+def test_a_run_stops_at_each_bound_and_always_posts_its_first(post_run, recording_server):
+    urls = [recording_server.url("/run")] * 5
+    assert post_run(urls) == [(200, "")] * 5
+    assert post_run(urls, max_count=3) == [(200, "")] * 3
+    # An outcome already kept past the budget, or a deadline gone: the first request only.
+    assert post_run(urls, held_ms=1e6) == [(200, "")]
+    assert post_run(urls, deadline=0) == [(200, "")]
+    assert [r.json() for r in recording_server.wait_for(10)] == [{"n": n} for n in range(5)] + [
+        {"n": n} for n in range(3)
+    ] + [{"n": 0}, {"n": 0}]
+
+
+def test_runs_and_single_posts_share_the_transport(post_run, pg, recording_server):
+    """One definition of the transport: its kept connection serves both entry points, and a
+    refused request within a run is that request's outcome only."""
+    url = recording_server.url("/shared")
+    [(status,)] = pg.execute(
+        "SELECT (pgmb.post_via_plpython(%s, '{}', '{}', 10)).status", (url,)
+    ).fetchall()
+    assert status == 200
+    first, refused, last = post_run([url, "http://127.0.0.1:9/", url])
+    assert first == last == (200, "")
+    assert refused[0] is None and "Connection refused" in refused[1]
+    received = recording_server.wait_for(3)
+    assert len({r.peer for r in received}) == 1

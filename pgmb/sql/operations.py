@@ -34,12 +34,14 @@ class RunPlpythonSQL(migrations.RunPython):
     The file defines functions in ``LANGUAGE plpython3u``: without the language, migrating
     still succeeds and the system checks say what the in-database path lacks. Migrating
     back runs ``<name>.down.sql`` where the language is installed, if there is one (it puts
-    back the functions' earlier versions); without one, the reverse of the migration that
-    created schema ``pgmb`` drops the functions.
+    back the functions' earlier versions), then, with ``restores``, that earlier migration's
+    file again (a released file puts its own functions back, no copy of them needed); without
+    either, the reverse of the migration that created schema ``pgmb`` drops the functions.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, restores: str | None = None) -> None:
         self.sql_name = name
+        self.restores = restores
         super().__init__(self._forward, self._backward)
 
     def _forward(self, apps: Any, schema_editor: Any) -> None:
@@ -51,14 +53,18 @@ class RunPlpythonSQL(migrations.RunPython):
     def _backward(self, apps: Any, schema_editor: Any) -> None:
         from .. import indb
 
-        if not has_down_script(self.sql_name):
+        if not has_down_script(self.sql_name) and self.restores is None:
             return
         with schema_editor.connection.cursor() as cursor:
             if indb.capabilities(cursor).plpython_installed:
-                cursor.execute(migration_script(self.sql_name, down=True))
+                if has_down_script(self.sql_name):
+                    cursor.execute(migration_script(self.sql_name, down=True))
+                if self.restores is not None:
+                    cursor.execute(migration_script(self.restores))
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        return f"{__name__}.{type(self).__qualname__}", [self.sql_name], {}
+        kwargs = {} if self.restores is None else {"restores": self.restores}
+        return f"{__name__}.{type(self).__qualname__}", [self.sql_name], kwargs
 
     def describe(self) -> str:
         return f"Run pgmb/sql/migrations/{self.sql_name}.sql where PL/Python is available"

@@ -1107,6 +1107,8 @@ DECLARE
     tokens integer;
     got integer;
     breaker text;
+    bucket float8;
+    taken integer;
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
@@ -1125,19 +1127,19 @@ BEGIN
     LOOP
         EXIT WHEN remaining <= 0;
         -- The bucket is the worker row. If another claim holds it right now, that claim is
-        -- serving this worker: skip it rather than wait (as with deliveries).
-        PERFORM 1 FROM pgmb_worker wk WHERE wk.id = w.id FOR UPDATE SKIP LOCKED;
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state
+        INTO bucket, breaker
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
-        UPDATE pgmb_worker wk
-        SET tokens = least(greatest(1, wk.rps * wk.burst),
-                           wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-            tokens_at = t
-        WHERE wk.id = w.id
-        RETURNING floor(wk.tokens)::integer, wk.breaker_state INTO tokens, breaker;
-        tokens := least(tokens, remaining);
+        tokens := least(floor(bucket)::integer, remaining);
         -- Circuit breaker (0022): open, nothing; after its cool-down, one delivery (the probe).
         IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
-        CONTINUE WHEN tokens <= 0;
+        taken := 0;
         -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
         FOREACH q IN ARRAY w.queue_ids LOOP
             EXIT WHEN tokens <= 0;
@@ -1169,8 +1171,9 @@ BEGIN
             GET DIAGNOSTICS got = ROW_COUNT;
             tokens := tokens - got;
             remaining := remaining - got;
-            UPDATE pgmb_worker wk SET tokens = wk.tokens - got WHERE wk.id = w.id AND got > 0;
+            taken := taken + got;
         END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
     END LOOP;
 END $$;
 
@@ -1393,9 +1396,26 @@ DECLARE
     c pgmb.claimed;
     outcome pgmb.http_outcome;
     transport text;
+    runs boolean;
     started timestamptz;
     next_post jsonb := '{}';
     wait float8;
+    i integer;
+    -- The run starting at row i: rows i .. run_end, their requests, their outcomes.
+    run_end integer;
+    run_max integer;
+    run_urls text[];
+    run_bodies text[];
+    run_headers jsonb[];
+    run_timeouts float8[];
+    run_ids bigint[];
+    run_leases uuid[];
+    run_ok integer;
+    paced boolean;
+    run_outcomes pgmb.http_outcome[];
+    run_first float8;
+    run_last_ms float8;
+    posted integer;
     -- The outcomes not yet recorded, since when, and how long the last request took (the
     -- guess for the next one).
     done_ids bigint[] := '{}';
@@ -1459,8 +1479,16 @@ BEGIN
             CONTINUE;
         END IF;
         -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
+        -- Runs need 0031's PL/Python function, which a database given PL/Python by hand may
+        -- lack: then one request at a time, as before.
         transport := pgmb.http_transport();
-        FOR i IN 1 .. cardinality(claimed) LOOP
+        runs := transport = 'plpython3u'
+                AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
+                                    'float8, float8, float8, float8)') IS NOT NULL;
+        -- Whether a run must look for paced rows that end it (most claims have none).
+        SELECT coalesce(bool_or(x.rps < 1000), false) INTO paced FROM unnest(claimed) AS x;
+        i := 1;
+        WHILE i <= cardinality(claimed) LOOP
             c := claimed[i];
             IF clock_timestamp() >= deadline THEN
                 -- Out of time: hand back what was not posted, unattempted.
@@ -1498,40 +1526,117 @@ BEGIN
                 END;
                 COMMIT;
             END IF;
+            run_end := NULL;
+            IF runs AND c.rps >= 1000 THEN
+                -- The run: this row and the unpaced rows after it, as many as the batch has
+                -- room for (pgmb.post_run_via_plpython stops earlier at the batch's other
+                -- bounds).
+                run_end := i - 1 + least(cardinality(claimed) - i + 1, commit_every - cardinality(done_ids));
+                IF paced THEN
+                    SELECT coalesce(min(k) - 1, run_end) INTO run_end
+                    FROM generate_series(i + 1, run_end) AS k
+                    WHERE (claimed[k]).rps < 1000;
+                END IF;
+                -- The headers of the whole run in one statement. Should one row's fail (a
+                -- secret stored before the rules refused it, say), the rows before it make
+                -- the run, and it goes the one-request way, which records its fault.
+                BEGIN
+                    run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                EXCEPTION WHEN others THEN
+                    run_max := run_end;
+                    run_end := i - 1;
+                    WHILE run_end < run_max LOOP
+                        BEGIN
+                            PERFORM pgmb.request_headers(claimed[run_end + 1], extract(epoch FROM now())::bigint);
+                        EXCEPTION WHEN others THEN
+                            EXIT;
+                        END;
+                        run_end := run_end + 1;
+                    END LOOP;
+                    IF run_end >= i THEN
+                        run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                    ELSE
+                        run_end := NULL;
+                    END IF;
+                END;
+                IF run_end IS NOT NULL THEN
+                    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
+                           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+                           array_agg(x.lease_id ORDER BY x.ordinality)
+                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases
+                    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
+                END IF;
+            END IF;
             IF c.rps < 1000 THEN
                 next_post := next_post || jsonb_build_object(c.worker_id::text,
                                                              extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
             END IF;
             started := clock_timestamp();
-            BEGIN
-                -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
-                -- cannot even be planned where PL/Python is missing.
-                IF transport = 'plpython3u' THEN
-                    outcome := pgmb.post_via_plpython(c.endpoint, c.body,
-                                                      pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
-                ELSE
-                    outcome := pgmb.post(c.endpoint, c.body,
-                                         pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+            IF run_end IS NOT NULL THEN
+                BEGIN
+                    SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
+                           min(r.finished), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+                           count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+                    INTO run_outcomes, run_first, run_last_ms, posted, run_ok
+                    FROM pgmb.post_run_via_plpython(
+                             run_urls, run_bodies, run_headers, run_timeouts,
+                             commit_every - cardinality(done_ids), commit_ms,
+                             CASE WHEN cardinality(done_ids) > 0
+                                  THEN extract(epoch FROM clock_timestamp() - pending_since) * 1000 END,
+                             last_post_ms, extract(epoch FROM deadline)::float8)
+                         WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
+                EXCEPTION WHEN others THEN
+                    -- Not a request's fault (those are outcomes): the call's. Recorded against
+                    -- the run's first row; the rest go on in the next run.
+                    run_outcomes := ARRAY[ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
+                                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
+                    run_first := extract(epoch FROM clock_timestamp());
+                    run_last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                    posted := 1;
+                    run_ok := 0;
+                END;
+                last_post_ms := run_last_ms;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := to_timestamp(run_first);
                 END IF;
-            EXCEPTION WHEN others THEN
-                outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
-                               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-            END;
-            last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
-            IF cardinality(done_ids) = 0 THEN
-                pending_since := clock_timestamp();
-            END IF;
-            done_ids := done_ids || c.delivery_id;
-            done_leases := done_leases || c.lease_id;
-            done_outcomes := done_outcomes || outcome;
-            IF outcome.status BETWEEN 200 AND 299 THEN
-                delivered := delivered + 1;
+                done_ids := done_ids || run_ids[1:posted];
+                done_leases := done_leases || run_leases[1:posted];
+                done_outcomes := done_outcomes || run_outcomes;
+                delivered := delivered + run_ok;
+                failed := failed + posted - run_ok;
+                i := i + posted;
             ELSE
-                failed := failed + 1;
+                BEGIN
+                    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
+                    -- cannot even be planned where PL/Python is missing.
+                    IF transport = 'plpython3u' THEN
+                        outcome := pgmb.post_via_plpython(c.endpoint, c.body,
+                                                          pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                    ELSE
+                        outcome := pgmb.post(c.endpoint, c.body,
+                                             pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                    END IF;
+                EXCEPTION WHEN others THEN
+                    outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
+                                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+                END;
+                last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := clock_timestamp();
+                END IF;
+                done_ids := done_ids || c.delivery_id;
+                done_leases := done_leases || c.lease_id;
+                done_outcomes := done_outcomes || outcome;
+                IF outcome.status BETWEEN 200 AND 299 THEN
+                    delivered := delivered + 1;
+                ELSE
+                    failed := failed + 1;
+                END IF;
+                i := i + 1;
             END IF;
             IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
                 BEGIN
-                    PERFORM pgmb.dispatcher_beat(me, cardinality(claimed) - i, delivered, failed);
+                    PERFORM pgmb.dispatcher_beat(me, cardinality(claimed) - i + 1, delivered, failed);
                 EXCEPTION WHEN others THEN
                     RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
                 END;
@@ -1892,6 +1997,138 @@ CREATE FUNCTION pgmb.key_tags(routing_key text) RETURNS text[]
 $$;
 
 --
+-- Name: load_plpython_transport(); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.load_plpython_transport() RETURNS void
+    LANGUAGE plpython3u
+    AS $_$
+import http.client
+import json
+import select
+import time
+from urllib.parse import urlsplit
+
+# A response body is read to its end so that its connection can carry the next request; past
+# this many bytes closing the connection costs less than reading on.
+BODY_LIMIT = 1 << 20
+# Connections kept per backend, the least recently used closed first: a session that posts
+# to many endpoints must not hold a socket open for each of them.
+KEPT = 64
+
+def post(url, body, headers, timeout):
+    """One POST: an outcome (status, error, retry_after, duration_ms), never an exception
+    but an SPI error of pgmb.http_outcome (a cancel, say)."""
+    started = time.perf_counter()
+
+    def failure(exc):
+        if isinstance(exc, TimeoutError) or "timed out" in str(exc):
+            return (None, "timeout after %gs" % timeout, None, (time.perf_counter() - started) * 1000)
+        return (None, "%s: %s" % (type(exc).__name__, exc), None, (time.perf_counter() - started) * 1000)
+
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ValueError("unknown url type: %r" % url)
+        host = parts.hostname
+        if not host:
+            raise ValueError("no host given: %r" % url)
+        port = parts.port or (443 if scheme == "https" else 80)
+        target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        sent = json.loads(headers)
+        names = {name.lower() for name in sent}
+        if "content-type" not in names:
+            sent["Content-Type"] = "application/json"
+        if "user-agent" not in names:
+            sent["User-Agent"] = "pgmb-dispatcher"
+        data = body.encode()
+    except Exception as exc:
+        return failure(exc)
+
+    # GD lives as long as the backend, and one backend runs one loop: no locking.
+    pool = GD.get("pgmb_connections")
+    if pool is None:
+        pool = GD["pgmb_connections"] = {}
+    key = (scheme, host, port)
+    conn = pool.pop(key, None)
+    try:
+        if conn is not None:
+            # An idle connection has nothing to say: readable means the server closed it (or
+            # broke the protocol). Found now, it costs no request sent in vain. poll, not
+            # select: a backend's descriptors may number past select's 1024.
+            idle = select.poll()
+            idle.register(conn.sock, select.POLLIN)
+            if idle.poll(0):
+                conn.close()
+                conn = None
+        reused = conn is not None
+        while True:
+            if conn is None:
+                connection_class = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+                conn = connection_class(host, port, timeout=timeout)
+            else:
+                conn.timeout = timeout
+                conn.sock.settimeout(timeout)
+            try:
+                conn.request("POST", target, data, sent)
+                response = conn.getresponse()
+                break
+            except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                # RemoteDisconnected is a ConnectionResetError: no answer came. On a kept
+                # connection the server most likely closed it just as the request went out:
+                # once more on a fresh one (at-least-once: should the server have handled it,
+                # a duplicate).
+                conn.close()
+                conn = None
+                if not reused:
+                    raise
+                reused = False
+    except Exception as exc:  # timeouts, refusals, resets: no HTTP answer
+        if conn is not None:
+            conn.close()
+        return failure(exc)
+
+    status = response.status
+    keep = not response.will_close
+    try:
+        if response.length is not None and response.length <= BODY_LIMIT:
+            content = response.read()
+        else:
+            content = response.read(BODY_LIMIT)
+            keep = keep and response.isclosed()  # read to its end, under the limit
+    except Exception:  # the answer came; a body cut short only costs the connection
+        content = b""
+        keep = False
+    if keep:
+        pool[key] = conn
+        while len(pool) > KEPT:
+            pool.pop(next(iter(pool))).close()
+    else:
+        conn.close()
+
+    if 200 <= status <= 299:  # what pgmb.http_outcome makes of a success, without asking it
+        return (status, "", None, (time.perf_counter() - started) * 1000)
+    # 500 characters at most reach the outcome; 4 bytes a character at most. PostgreSQL text
+    # holds no NUL.
+    text = content[:2000].decode("utf-8", "replace").replace("\x00", "")
+    location, retry_after = (
+        None if value is None else value.replace("\x00", "")
+        for value in (response.getheader("Location"), response.getheader("Retry-After")))
+    plan = GD.get("pgmb_outcome_plan")
+    if plan is None:
+        plan = GD["pgmb_outcome_plan"] = plpy.prepare(
+            "SELECT (o).* FROM (SELECT pgmb.http_outcome($1, $2, $3, $4, clock_timestamp() - $5 * interval '1 millisecond') AS o) s",
+            ["integer", "text", "text", "text", "float8"])
+    row = plpy.execute(plan, [status, text, location, retry_after, (time.perf_counter() - started) * 1000])[0]
+    return (row["status"], row["error"], row["retry_after"], row["duration_ms"])
+
+# Named after this migration: a later version of this function stores its own, so a session
+# that crosses an upgrade never runs the code of the one before.
+GD["pgmb_post_0031"] = post
+$_$;
+
+--
 -- Name: maintenance(interval); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -2220,6 +2457,61 @@ BEGIN
 END $$;
 
 --
+-- Name: post_run_via_plpython(text[], text[], jsonb[], double precision[], integer, double precision, double precision, double precision, double precision); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.post_run_via_plpython(urls text[], bodies text[], headers jsonb[], timeouts double precision[], max_count integer, budget_ms double precision, held_ms double precision, guess_ms double precision, deadline double precision) RETURNS TABLE(status integer, error text, retry_after double precision, duration_ms double precision, finished double precision)
+    LANGUAGE plpython3u
+    AS $$
+import time
+
+post = GD.get("pgmb_post_0031")
+if post is None:
+    plpy.execute("SELECT pgmb.load_plpython_transport()")
+    post = GD["pgmb_post_0031"]
+
+# Python code never looks at the backend's interrupts: a cancel or a terminate that came
+# during a request would let the run post on. Before each next request the run reads the
+# backend's InterruptPending flag and, when it is set, ends: the loop's next statement then
+# acts on the interrupt, as it did after each request. Where the flag cannot be read,
+# pg_sleep(0) looks at the interrupts instead (and raises, or exits), at ~30 us a request.
+if "pgmb_interrupt_pending" not in GD:
+    try:
+        import ctypes
+        GD["pgmb_interrupt_pending"] = ctypes.c_int.in_dll(ctypes.CDLL(None), "InterruptPending")
+    except Exception:
+        GD["pgmb_interrupt_pending"] = None
+        GD["pgmb_interrupts_plan"] = plpy.prepare("SELECT pg_sleep(0)")
+pending = GD["pgmb_interrupt_pending"]
+
+outcomes = []
+oldest = None if held_ms is None else time.time() - held_ms / 1000.0
+guess = guess_ms or 0.0
+for k in range(min(len(urls), max(max_count, 1))):
+    if k:
+        now = time.time()
+        if now >= deadline or (now - oldest) * 1000.0 + guess >= budget_ms:
+            break
+        if pending is None:
+            plpy.execute(GD["pgmb_interrupts_plan"])
+        elif pending.value:
+            break
+    started = time.perf_counter()
+    try:
+        outcome = post(urls[k], bodies[k], headers[k], timeouts[k])
+    except plpy.spiexceptions.QueryCanceled:
+        raise
+    except Exception as exc:
+        outcome = (None, "could not send the request: %s" % exc, None, (time.perf_counter() - started) * 1000)
+    finished = time.time()
+    guess = (time.perf_counter() - started) * 1000.0
+    if oldest is None:
+        oldest = finished
+    outcomes.append(outcome + (finished,))
+return outcomes
+$$;
+
+--
 -- Name: post_via_http(text, text, jsonb, double precision); Type: FUNCTION; Schema: pgmb; Owner: -
 --
 
@@ -2255,123 +2547,13 @@ END $_$;
 
 CREATE FUNCTION pgmb.post_via_plpython(url text, body text, headers jsonb, timeout double precision) RETURNS pgmb.http_outcome
     LANGUAGE plpython3u
-    AS $_$
-import http.client
-import json
-import select
-import time
-from urllib.parse import urlsplit
-
-# A response body is read to its end so that its connection can carry the next request; past
-# this many bytes closing the connection costs less than reading on.
-BODY_LIMIT = 1 << 20
-# Connections kept per backend, the least recently used closed first: a session that posts
-# to many endpoints must not hold a socket open for each of them.
-KEPT = 64
-
-started = time.perf_counter()
-
-def failure(exc):
-    if isinstance(exc, TimeoutError) or "timed out" in str(exc):
-        return (None, "timeout after %gs" % timeout, None, (time.perf_counter() - started) * 1000)
-    return (None, "%s: %s" % (type(exc).__name__, exc), None, (time.perf_counter() - started) * 1000)
-
-try:
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise ValueError("unknown url type: %r" % url)
-    host = parts.hostname
-    if not host:
-        raise ValueError("no host given: %r" % url)
-    port = parts.port or (443 if scheme == "https" else 80)
-    target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
-    sent = json.loads(headers)
-    names = {name.lower() for name in sent}
-    if "content-type" not in names:
-        sent["Content-Type"] = "application/json"
-    if "user-agent" not in names:
-        sent["User-Agent"] = "pgmb-dispatcher"
-    data = body.encode()
-except Exception as exc:
-    return failure(exc)
-
-# GD lives as long as the backend, and one backend runs one loop: no locking.
-pool = GD.get("pgmb_connections")
-if pool is None:
-    pool = GD["pgmb_connections"] = {}
-key = (scheme, host, port)
-conn = pool.pop(key, None)
-try:
-    if conn is not None:
-        # An idle connection has nothing to say: readable means the server closed it (or
-        # broke the protocol). Found now, it costs no request sent in vain. poll, not select:
-        # a backend's descriptors may number past select's 1024.
-        idle = select.poll()
-        idle.register(conn.sock, select.POLLIN)
-        if idle.poll(0):
-            conn.close()
-            conn = None
-    reused = conn is not None
-    while True:
-        if conn is None:
-            connection_class = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-            conn = connection_class(host, port, timeout=timeout)
-        else:
-            conn.timeout = timeout
-            conn.sock.settimeout(timeout)
-        try:
-            conn.request("POST", target, data, sent)
-            response = conn.getresponse()
-            break
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
-            # RemoteDisconnected is a ConnectionResetError: no answer came. On a kept connection
-            # the server most likely closed it just as the request went out: once more on a
-            # fresh one (at-least-once: should the server have handled it, a duplicate).
-            conn.close()
-            conn = None
-            if not reused:
-                raise
-            reused = False
-except Exception as exc:  # timeouts, refusals, resets: no HTTP answer
-    if conn is not None:
-        conn.close()
-    return failure(exc)
-
-status = response.status
-keep = not response.will_close
-try:
-    if response.length is not None and response.length <= BODY_LIMIT:
-        content = response.read()
-    else:
-        content = response.read(BODY_LIMIT)
-        keep = keep and response.isclosed()  # read to its end, under the limit
-except Exception:  # the answer came; a body cut short only costs the connection
-    content = b""
-    keep = False
-if keep:
-    pool[key] = conn
-    while len(pool) > KEPT:
-        pool.pop(next(iter(pool))).close()
-else:
-    conn.close()
-
-if 200 <= status <= 299:  # what pgmb.http_outcome makes of a success, without asking it
-    return (status, "", None, (time.perf_counter() - started) * 1000)
-# 500 characters at most reach the outcome; 4 bytes a character at most. PostgreSQL text
-# holds no NUL.
-text = content[:2000].decode("utf-8", "replace").replace("\x00", "")
-location, retry_after = (
-    None if value is None else value.replace("\x00", "")
-    for value in (response.getheader("Location"), response.getheader("Retry-After")))
-plan = GD.get("pgmb_outcome_plan")
-if plan is None:
-    plan = GD["pgmb_outcome_plan"] = plpy.prepare(
-        "SELECT (o).* FROM (SELECT pgmb.http_outcome($1, $2, $3, $4, clock_timestamp() - $5 * interval '1 millisecond') AS o) s",
-        ["integer", "text", "text", "text", "float8"])
-row = plpy.execute(plan, [status, text, location, retry_after, (time.perf_counter() - started) * 1000])[0]
-return (row["status"], row["error"], row["retry_after"], row["duration_ms"])
-$_$;
+    AS $$
+post = GD.get("pgmb_post_0031")
+if post is None:
+    plpy.execute("SELECT pgmb.load_plpython_transport()")
+    post = GD["pgmb_post_0031"]
+return post(url, body, headers, timeout)
+$$;
 
 --
 -- Name: prepare_queue(public.pgmb_queue); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -2945,36 +3127,10 @@ END $$;
 
 CREATE FUNCTION pgmb.request_headers(c pgmb.claimed, unix_time bigint) RETURNS jsonb
     LANGUAGE plpgsql STABLE
-    AS $_$
-DECLARE
-    built jsonb;
+    AS $$
 BEGIN
-    SELECT coalesce((
-               SELECT jsonb_object_agg(e.key, v.value)
-               FROM jsonb_each(coalesce(c.headers, '{}')) AS e
-               CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string'
-                                               THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
-               WHERE lower(e.key) NOT IN ('host', 'content-type', 'content-length', 'connection',
-                                          'transfer-encoding', 'expect', 'upgrade', 'te', 'trailer',
-                                          'keep-alive', 'proxy-connection')
-                 AND lower(e.key) NOT LIKE 'pgmb-%' AND lower(e.key) NOT LIKE 'webhook-%'
-                 AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
-                 AND v.value ~ '^[\x20-\x7e]*$'), '{}')
-        || jsonb_build_object(
-               'Content-Type', 'application/json',
-               'pgmb-message-id', c.message_id::text,
-               'pgmb-routing-key', c.routing_key,
-               'pgmb-queue', c.queue,
-               'pgmb-attempt', c.attempt::text)
-        || CASE WHEN coalesce(c.secret, '') = '' THEN '{}'::jsonb ELSE jsonb_build_object(
-               'webhook-id', c.message_id::text,
-               'webhook-timestamp', unix_time::text,
-               'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
-                   pgmb.secret_key(c.secret),
-                   convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
-           END INTO built;
-    RETURN built;
-END $_$;
+    RETURN (pgmb.run_headers(ARRAY[c], unix_time))[1];
+END $$;
 
 --
 -- Name: requeue(bigint[]); Type: FUNCTION; Schema: pgmb; Owner: -
@@ -3125,6 +3281,47 @@ BEGIN
     END IF;
     RETURN removed > 0;
 END $$;
+
+--
+-- Name: run_headers(pgmb.claimed[], bigint); Type: FUNCTION; Schema: pgmb; Owner: -
+--
+
+CREATE FUNCTION pgmb.run_headers(requests pgmb.claimed[], unix_time bigint) RETURNS jsonb[]
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    built jsonb[];
+BEGIN
+    SELECT array_agg(
+               coalesce((
+                   SELECT jsonb_object_agg(e.key, v.value)
+                   FROM jsonb_each(coalesce(c.headers, '{}')) AS e
+                   CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string'
+                                                   THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
+                   WHERE lower(e.key) NOT IN ('host', 'content-type', 'content-length', 'connection',
+                                              'transfer-encoding', 'expect', 'upgrade', 'te', 'trailer',
+                                              'keep-alive', 'proxy-connection')
+                     AND lower(e.key) NOT LIKE 'pgmb-%' AND lower(e.key) NOT LIKE 'webhook-%'
+                     AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
+                     AND v.value ~ '^[\x20-\x7e]*$'), '{}')
+            || jsonb_build_object(
+                   'Content-Type', 'application/json',
+                   'pgmb-message-id', c.message_id::text,
+                   'pgmb-routing-key', c.routing_key,
+                   'pgmb-queue', c.queue,
+                   'pgmb-attempt', c.attempt::text)
+            || CASE WHEN coalesce(c.secret, '') = '' THEN '{}'::jsonb ELSE jsonb_build_object(
+                   'webhook-id', c.message_id::text,
+                   'webhook-timestamp', unix_time::text,
+                   'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
+                       pgmb.secret_key(c.secret),
+                       convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
+               END
+            ORDER BY c.ordinality)
+    INTO built
+    FROM unnest(requests) WITH ORDINALITY AS c;
+    RETURN built;
+END $_$;
 
 --
 -- Name: secret_key(text); Type: FUNCTION; Schema: pgmb; Owner: -

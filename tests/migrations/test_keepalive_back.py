@@ -20,7 +20,7 @@ def _sources(conn: psycopg.Connection) -> tuple[str | None, str]:
 
 def test_migrating_back_restores_0029s_transport_and_loop(scratch):
     with scratch("pgmb_keepalive_back") as info:
-        manage(info["dbname"], "migrate", "pgmb")
+        manage(info["dbname"], "migrate", "pgmb", "0030_keepalive_transport")
         with psycopg.connect(**info, autocommit=True) as conn:
             transport, loop = _sources(conn)
         if transport is None:
@@ -34,7 +34,7 @@ def test_migrating_back_restores_0029s_transport_and_loop(scratch):
         assert "pgmb.post_via_plpython" not in loop and "pgmb.post(c.endpoint" in loop
         if transport is not None:
             assert "urllib.request" in transport and "http.client" not in transport
-        manage(info["dbname"], "migrate", "pgmb")
+        manage(info["dbname"], "migrate", "pgmb", "0030_keepalive_transport")
         with psycopg.connect(**info, autocommit=True) as conn:
             transport, loop = _sources(conn)
         assert "transport := pgmb.http_transport()" in loop

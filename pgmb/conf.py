@@ -56,6 +56,10 @@ class Settings:
     HOUSEKEEPING_INTERVAL: float = 3600.0
     HOUSEKEEPING_MIN_INDEX_BYTES: int = DEFAULT_MIN_INDEX_BYTES
     HOUSEKEEPING_BLOAT_FACTOR: float = DEFAULT_BLOAT_FACTOR
+    #: The external dispatcher vacuums pgmb_delivery once it has drained its work, if it
+    #: claimed at least this many deliveries since its last vacuum (0: never; autovacuum
+    #: alone).
+    HOUSEKEEPING_VACUUM_EVERY: int = 1_000
 
     @cached_property
     def json_encoder(self) -> type:

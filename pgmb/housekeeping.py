@@ -14,6 +14,13 @@ step of the report, never an exception, so that a dispatcher calling it goes on.
 
 Who calls it: the external dispatcher once it has drained work (at most once per
 ``PGMB['HOUSEKEEPING_INTERVAL']`` seconds), and ``manage.py pgmb_housekeeping``.
+
+:func:`avacuum` vacuums the table, under the same lock: the external dispatcher calls it
+each time it has drained its work after claiming ``PGMB['HOUSEKEEPING_VACUUM_EVERY']``
+deliveries, because the rows and index entries of finished deliveries, until a vacuum
+removes them, are walked past by every claim: with autovacuum alone (once a minute at
+most, by default), back-to-back drains slowed to a quarter of their speed
+(docs/decisions.md, "The dispatcher vacuums the hot table").
 """
 
 from __future__ import annotations
@@ -206,6 +213,28 @@ async def arun(
     conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
     try:
         return await ahousekeep(conn, thresholds, dry_run=dry_run)
+    finally:
+        await conn.close()
+
+
+async def avacuum(conninfo: dict[str, Any]) -> bool:
+    """``VACUUM pgmb_delivery`` on a connection of its own, under the housekeeping lock;
+    False if another process held the lock (nothing done). Raises psycopg's error.
+
+    A role that does not own the table gets the server's warning and nothing is vacuumed.
+    """
+    conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
+    try:
+        if not await _scalar(conn, sql.query("housekeeping.sql", "try_lock")):
+            return False
+        try:
+            await conn.execute(sql.query("housekeeping.sql", "session"))
+            await conn.execute(sql.query("housekeeping.sql", "vacuum"))
+        finally:
+            if not conn.closed:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(sql.query("housekeeping.sql", "unlock"))
+        return True
     finally:
         await conn.close()
 

@@ -127,3 +127,45 @@ def test_a_dispatcher_looks_at_most_once_per_interval_and_only_after_work(transa
         return started
 
     assert asyncio.run(looks()) == [False, True, False, False]
+
+
+def _vacuums() -> int:
+    """Manual vacuums of pgmb_delivery so far (autovacuum's are counted apart)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'pgmb_delivery'"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_dispatcher_that_drained_enough_claims_vacuums_the_hot_table(
+    dispatch, recording_server, make_worker, make_queue
+):
+    make_queue("order.#", worker=make_worker(endpoint=recording_server.url()))
+    pgmb.send_batch(("order.created", n) for n in range(120))
+    before = _vacuums()
+
+    stats = dispatch(vacuum_every=40, batch=10, concurrency=4, housekeeping_interval=0)
+
+    assert stats.delivered == 120 and len(recording_server.requests) == 120
+    # Drained with 120 claimed: a vacuum, which the run waits for before it exits; the
+    # statistics may say so a moment later.
+    wait_until(lambda: _vacuums() > before, message="a vacuum of pgmb_delivery")
+
+
+def test_with_vacuum_every_0_the_dispatcher_leaves_vacuuming_to_autovacuum(
+    dispatch, recording_server, make_worker, make_queue, caplog
+):
+    make_queue("order.#", worker=make_worker(endpoint=recording_server.url()))
+    pgmb.send_batch(("order.created", n) for n in range(120))
+    before = _vacuums()
+
+    with caplog.at_level("DEBUG", logger="pgmb.dispatch"):
+        stats = dispatch(vacuum_every=0, batch=10, concurrency=4, housekeeping_interval=0)
+
+    assert stats.delivered == 120
+    assert not [r for r in caplog.records if "vacuum" in r.getMessage()]
+    assert _vacuums() == before

@@ -119,6 +119,7 @@ class Command(BaseCommand):
             heartbeat_interval=settings.DISPATCH_HEARTBEAT_INTERVAL,
             housekeeping_interval=settings.HOUSEKEEPING_INTERVAL,
             housekeeping_thresholds=Thresholds.from_settings(),
+            vacuum_every=settings.HOUSEKEEPING_VACUUM_EVERY,
         )
         supervisor = Supervisor({alias: conninfo_from_django(alias) for alias in aliases}, options)
         frozen = heap.settle()

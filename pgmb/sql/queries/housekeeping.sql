@@ -1,6 +1,6 @@
 -- Housekeeping of the hot table (pgmb/housekeeping.py): its indexes are rebuilt when a
--- drained backlog left them at their high-water mark. Run on an autocommit connection of
--- its own: REINDEX ... CONCURRENTLY and DROP INDEX CONCURRENTLY refuse a transaction block.
+-- drained backlog left them at their high-water mark, and it is vacuumed once drained. Run on an autocommit connection of its own: REINDEX ... CONCURRENTLY,
+-- DROP INDEX CONCURRENTLY and VACUUM refuse a transaction block.
 
 -- name: try_lock
 -- One housekeeper per database at a time (dispatchers, the command, cron): a session lock,
@@ -43,3 +43,9 @@ REINDEX INDEX CONCURRENTLY {index}
 
 -- name: drop_leftover
 DROP INDEX CONCURRENTLY IF EXISTS {index}
+
+-- name: vacuum
+-- Removes the rows and index entries of deliveries claimed and finished since the last
+-- vacuum, which every claim's index scan otherwise walks past (docs/decisions.md, "The
+-- dispatcher vacuums the hot table").
+VACUUM pgmb_delivery

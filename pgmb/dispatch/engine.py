@@ -76,8 +76,9 @@ class Options:
     #: work has been drained (0: never; the command sets PGMB['HOUSEKEEPING_INTERVAL']).
     housekeeping_interval: float = 0.0
     housekeeping_thresholds: Thresholds = field(default_factory=Thresholds)
-    #: Deliveries claimed between two vacuums of pgmb_delivery (pgmb.housekeeping.avacuum;
-    #: 0: never; the command sets PGMB['HOUSEKEEPING_VACUUM_EVERY']).
+    #: Once it has drained its work, a vacuum of pgmb_delivery (pgmb.housekeeping.avacuum)
+    #: if at least this many deliveries were claimed since the last (0: never; the command
+    #: sets PGMB['HOUSEKEEPING_VACUUM_EVERY']).
     vacuum_every: int = 0
 
 

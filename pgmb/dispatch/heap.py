@@ -2,7 +2,7 @@
 
 A dispatcher process holds a large, settled heap (Django, aiohttp, psycopg: some 77,000
 tracked objects) and, while it delivers, a few thousand objects of its requests in flight.
-With CPython's defaults, a young-generation collection ran every dozen deliveries, each
+With CPython's defaults, a young-generation collection ran every 16 deliveries, each
 traversing the requests in flight (all alive), and every tenth of those promoted them on,
 until a full collection traversed the whole heap: together about a fifth of the process's
 time per delivery (docs/benchmarks.md).

@@ -10,6 +10,7 @@ import hmac
 import psycopg
 
 from tests.migrations.conftest import manage
+from tests.migrations.test_keepalive_back import _sources
 from tests.waiting import wait_until
 
 KEY = b"runs-back-secret-key-0123456789"
@@ -23,18 +24,12 @@ RUN_FUNCTIONS = (
 
 
 def _state(conn: psycopg.Connection) -> tuple[str | None, str, list[bool]]:
-    transport = conn.execute(
-        "SELECT prosrc FROM pg_proc"
-        " WHERE oid = to_regprocedure('pgmb.post_via_plpython(text, text, jsonb, float8)')"
-    ).fetchone()
-    [(loop,)] = conn.execute(
-        "SELECT prosrc FROM pg_proc WHERE oid = 'pgmb.dispatch_loop'::regproc"
-    ).fetchall()
+    transport, loop = _sources(conn)
     present = [
         conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f,)).fetchone()[0]
         for f in RUN_FUNCTIONS
     ]
-    return (transport[0] if transport else None), loop, present
+    return transport, loop, present
 
 
 def _delivers(conn: psycopg.Connection, server, key: str) -> None:

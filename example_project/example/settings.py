@@ -107,4 +107,7 @@ PGMB = {
     "HOUSEKEEPING_INTERVAL": 3600.0,
     "HOUSEKEEPING_MIN_INDEX_BYTES": 1024 * 1024,
     "HOUSEKEEPING_BLOAT_FACTOR": 4.0,
+    # pgmb_dispatch vacuums pgmb_delivery each time it has drained its work, once it claimed
+    # this many deliveries since its last vacuum (0: never; autovacuum alone).
+    "HOUSEKEEPING_VACUUM_EVERY": 1000,
 }

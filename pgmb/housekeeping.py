@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,28 +153,47 @@ async def ahousekeep(
     if not conn.autocommit:
         raise ValueError("housekeeping needs an autocommit connection (REINDEX CONCURRENTLY)")
     thresholds = thresholds or Thresholds.from_settings()
-    if not dry_run and not await _scalar(conn, sql.query("housekeeping.sql", "try_lock")):
-        return Report(ran=False)
+    async with _locked(conn, take=not dry_run) as held:
+        return await _look(conn, thresholds, dry_run) if held else Report(ran=False)
+
+
+@contextlib.asynccontextmanager
+async def _locked(conn: psycopg.AsyncConnection[Any], *, take: bool = True) -> AsyncIterator[bool]:
+    """The housekeeping lock, with the session's settings: whether it is held (``take``
+    False: neither asked nor set, and True)."""
+    if not take:
+        yield True
+        return
+    if not await _scalar(conn, sql.query("housekeeping.sql", "try_lock")):
+        yield False
+        return
     try:
-        if not dry_run:
-            await conn.execute(sql.query("housekeeping.sql", "session"))
-        async with conn.cursor(row_factory=class_row(_Index)) as cursor:
-            await cursor.execute(sql.query("housekeeping.sql", "indexes"))
-            indexes = await cursor.fetchall()
-        live_rows = int(indexes[0].live_rows) if indexes else 0
-        leftovers = [i for i in indexes if i.leftover]
-        bloated = [i for i in indexes if i.valid and thresholds.bloated(i.bytes, live_rows)]
-        steps: list[Step] = []
-        for what, index in [("drop_leftover", i) for i in leftovers] + [
-            ("reindex", i) for i in bloated
-        ]:
-            steps.append(await _act(conn, what, index, dry_run))
-            if steps[-1].action == "failed":
-                break  # a lock timeout or a lost connection would meet the others too
+        await conn.execute(sql.query("housekeeping.sql", "session"))
+        yield True
     finally:
-        if not dry_run and not conn.closed:
+        if not conn.closed:
             with contextlib.suppress(psycopg.Error):  # the lock ends with the connection
                 await conn.execute(sql.query("housekeeping.sql", "unlock"))
+
+
+async def _look(
+    conn: psycopg.AsyncConnection[Any], thresholds: Thresholds, dry_run: bool
+) -> Report:
+    """The indexes' sizes, then each leftover dropped and each bloated index rebuilt (or,
+    ``dry_run``, said); the first failure ends the look."""
+    async with conn.cursor(row_factory=class_row(_Index)) as cursor:
+        await cursor.execute(sql.query("housekeeping.sql", "indexes"))
+        indexes = await cursor.fetchall()
+    live_rows = int(indexes[0].live_rows) if indexes else 0
+    leftovers = [i for i in indexes if i.leftover]
+    bloated = [i for i in indexes if i.valid and thresholds.bloated(i.bytes, live_rows)]
+    steps: list[Step] = []
+    for what, index in [("drop_leftover", i) for i in leftovers] + [
+        ("reindex", i) for i in bloated
+    ]:
+        steps.append(await _act(conn, what, index, dry_run))
+        if steps[-1].action == "failed":
+            break  # a lock timeout or a lost connection would meet the others too
     return Report(ran=True, live_rows=live_rows, steps=tuple(steps))
 
 
@@ -210,11 +230,8 @@ async def arun(
     conninfo: dict[str, Any], thresholds: Thresholds | None = None, *, dry_run: bool = False
 ) -> Report:
     """:func:`ahousekeep` on a connection of its own, closed afterwards."""
-    conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
-    try:
+    async with await psycopg.AsyncConnection.connect(**conninfo, autocommit=True) as conn:
         return await ahousekeep(conn, thresholds, dry_run=dry_run)
-    finally:
-        await conn.close()
 
 
 async def avacuum(conninfo: dict[str, Any]) -> bool:
@@ -223,20 +240,13 @@ async def avacuum(conninfo: dict[str, Any]) -> bool:
 
     A role that does not own the table gets the server's warning and nothing is vacuumed.
     """
-    conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
-    try:
-        if not await _scalar(conn, sql.query("housekeeping.sql", "try_lock")):
-            return False
-        try:
-            await conn.execute(sql.query("housekeeping.sql", "session"))
+    async with (
+        await psycopg.AsyncConnection.connect(**conninfo, autocommit=True) as conn,
+        _locked(conn) as held,
+    ):
+        if held:
             await conn.execute(sql.query("housekeeping.sql", "vacuum"))
-        finally:
-            if not conn.closed:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute(sql.query("housekeeping.sql", "unlock"))
-        return True
-    finally:
-        await conn.close()
+        return held
 
 
 def housekeep(

@@ -480,6 +480,10 @@ CREATE TYPE pgmb.worker_metrics AS (
 
 CREATE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     acked integer;
@@ -488,7 +492,7 @@ BEGIN
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
     ), done AS (
-        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id
+        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
         RETURNING d.id, d.message_id, d.queue_id, d.attempts
     ), history AS (
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
@@ -1097,6 +1101,11 @@ END $$;
 
 CREATE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    SET enable_sort TO 'off'
     AS $$
 DECLARE
     t timestamptz := clock_timestamp();
@@ -1109,6 +1118,7 @@ DECLARE
     breaker text;
     bucket float8;
     taken integer;
+    picked bigint[];
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
@@ -1143,31 +1153,35 @@ BEGIN
         -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
         FOREACH q IN ARRAY w.queue_ids LOOP
             EXIT WHEN tokens <= 0;
-            RETURN QUERY
-            WITH picked AS (
-                SELECT d.id, d.priority, d.available_at FROM pgmb_delivery d
+            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
+            -- picked are then found by primary key, whatever the planner thinks of the table.
+            picked := ARRAY(
+                SELECT d.id FROM pgmb_delivery d
                 WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
                 ORDER BY d.priority, d.available_at, d.id
                 LIMIT tokens
-                FOR NO KEY UPDATE SKIP LOCKED
-            ), leased AS (
+                FOR NO KEY UPDATE SKIP LOCKED);
+            CONTINUE WHEN cardinality(picked) = 0;
+            RETURN QUERY
+            WITH leased AS (
                 -- The attempt is counted now and handed back if the lease expires unstarted.
                 UPDATE pgmb_delivery d
                 SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
                     available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
-                FROM picked, pgmb_queue qu
-                WHERE d.id = picked.id AND qu.id = d.queue_id
+                FROM pgmb_queue qu
+                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
                 RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
-                          d.message_id, qu.lease_seconds, picked.priority, picked.available_at AS due
+                          d.message_id, qu.lease_seconds
             )
             SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
                    l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
                    wk.id, wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
-            FROM leased l
+            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
+            JOIN leased l ON l.id = p.id
             JOIN pgmb_message m ON m.id = l.message_id
             JOIN pgmb_worker wk ON wk.id = w.id
-            -- In the order picked (the joins above may return rows in any order).
-            ORDER BY l.priority, l.due, l.id;
+            -- In the order picked.
+            ORDER BY p.n;
             GET DIAGNOSTICS got = ROW_COUNT;
             tokens := tokens - got;
             remaining := remaining - got;
@@ -3525,6 +3539,10 @@ $$;
 
 CREATE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     settled integer;
@@ -3539,12 +3557,13 @@ BEGIN
                d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
                q.backoff_base, q.backoff_max, m.retry_delay
         FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
         JOIN pgmb_queue q ON q.id = d.queue_id
         JOIN pgmb_message m ON m.id = d.message_id
         FOR UPDATE OF d
     ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t WHERE d.id = t.id AND t.exhausted
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
         RETURNING d.id
     ), buried AS (
         INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
@@ -3563,7 +3582,7 @@ BEGIN
                        ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
                   END * interval '1 second'
         FROM target t
-        WHERE d.id = t.id AND NOT t.exhausted
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
         RETURNING 1
     ), history AS (
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
@@ -3611,6 +3630,10 @@ END $$;
 
 CREATE FUNCTION pgmb.start(delivery_ids bigint[], lease_ids uuid[]) RETURNS integer
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     marked integer;
@@ -3622,7 +3645,7 @@ BEGIN
     END IF;
     UPDATE pgmb_delivery d SET started = true
     FROM unnest(delivery_ids, lease_ids) AS u(id, lease_id)
-    WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased' AND NOT d.started;
+    WHERE d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased' AND NOT d.started;
     GET DIAGNOSTICS marked = ROW_COUNT;
     RETURN marked;
 END $$;

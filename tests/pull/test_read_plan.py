@@ -6,29 +6,17 @@ from django.db import connection
 
 import pgmb
 from pgmb import pull
+from tests.plans import plans_of
 
 
 def _plans_of_reads(queue_name: str, reads: int) -> list[str]:
-    """The plans auto_explain shows for the statements run by ``reads`` reads in a row."""
-    plans: list[str] = []
-    raw = connection.connection
-    handler = plans.append
+    """The plans of the update statements run by ``reads`` reads in a row."""
 
-    def on_notice(diagnostic) -> None:
-        handler(diagnostic.message_primary or "")
+    def read() -> None:
+        for _ in range(reads):
+            pull.read(queue_name, 30, 10)
 
-    with connection.cursor() as cursor:
-        cursor.execute("LOAD 'auto_explain'")
-        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
-            cursor.execute(f"SET LOCAL auto_explain.{setting}")
-        raw.add_notice_handler(on_notice)
-        try:
-            for _ in range(reads):
-                pull.read(queue_name, 30, 10)
-        finally:
-            raw.remove_notice_handler(on_notice)
-            cursor.execute("SET LOCAL auto_explain.log_min_duration = -1")
-    return [plan for plan in plans if "Update on pgmb_delivery" in plan]
+    return [plan for plan in plans_of(read) if "Update on pgmb_delivery" in plan]
 
 
 def test_reads_use_one_generic_plan_that_finds_rows_by_key(make_pull_queue):

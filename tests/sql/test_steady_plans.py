@@ -15,9 +15,9 @@ import pytest
 from django.db import connection
 
 import pgmb
-from pgmb import deliveries
+from pgmb import deliveries, pull
 from pgmb.deliveries import Failure, Success
-from pgmb.models import Delivery
+from pgmb.models import Delivery, Queue
 from tests.plans import plans_of
 
 #: Rows in the table when the calls are planned, and rows per claim.
@@ -79,3 +79,28 @@ def test_claims_and_outcomes_read_their_rows_when_the_statistics_say_empty(make_
     assert worst <= 2 * CLAIM, f"a node over pgmb_delivery handled {worst} rows:\n{where}"
     # All the claimed messages left the table: acked, or dead after their one attempt.
     assert Delivery.objects.count() == BACKLOG - CLAIM
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pull_reads_read_their_rows_when_the_statistics_say_empty():
+    # pgmb.read kept 0027's generic plan, which finds its rows by key: it holds as it is.
+    Queue.objects.create(name="steady_pull", binding_key="steady.#", worker=None)
+    _send(BACKLOG)
+    while got := pull.read("steady_pull", 30, 1000):
+        pull.delete("steady_pull", got)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM (TRUNCATE false) pgmb_delivery")
+    for _ in range(8):
+        assert pull.read("steady_pull", 30, CLAIM) == []
+    _send(BACKLOG)
+    outcome: dict[str, int] = {}
+
+    def work() -> None:
+        got = pull.read("steady_pull", 30, CLAIM)
+        outcome["read"] = len(got)
+        outcome["deleted"] = len(pull.delete("steady_pull", got))
+
+    plans = plans_of(work, analyze=True)
+    assert outcome == {"read": CLAIM, "deleted": CLAIM}
+    worst, where = _most_rows_of_a_node(plans)
+    assert worst <= 2 * CLAIM, f"a node over pgmb_delivery handled {worst} rows:\n{where}"

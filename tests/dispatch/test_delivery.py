@@ -27,7 +27,8 @@ def test_a_thousand_messages_arrive_exactly_once_and_intact(
         pgmb.Outgoing(
             "order.created",
             {"n": n, "text": "grüße ✓", "nested": {"list": [1, 2.5, None]}},
-            headers={"tenant": f"t{n % 3}", "trace": {"span": n}},
+            # A message's own User-Agent does not replace the dispatcher's.
+            headers={"tenant": f"t{n % 3}", "trace": {"span": n}, "User-Agent": "theirs"},
         )
         for n in range(1000)
     )
@@ -47,6 +48,7 @@ def test_a_thousand_messages_arrive_exactly_once_and_intact(
         assert request.headers["pgmb-attempt"] == "1"
         assert request.headers["tenant"] == f"t{n % 3}"
         assert json.loads(request.headers["trace"]) == {"span": n}
+        assert request.headers["user-agent"] == "pgmb-dispatcher"
         assert "webhook-signature" not in request.headers
     assert not Delivery.objects.exists()
     assert Attempt.objects.filter(outcome="ack", status_code=200).count() == 1000

@@ -41,6 +41,7 @@ RESERVED = frozenset(
         "trailer",
         "keep-alive",
         "proxy-connection",
+        "user-agent",
     }
 )
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")

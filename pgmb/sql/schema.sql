@@ -3314,7 +3314,7 @@ BEGIN
                                                    THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
                    WHERE lower(e.key) NOT IN ('host', 'content-type', 'content-length', 'connection',
                                               'transfer-encoding', 'expect', 'upgrade', 'te', 'trailer',
-                                              'keep-alive', 'proxy-connection')
+                                              'keep-alive', 'proxy-connection', 'user-agent')
                      AND lower(e.key) NOT LIKE 'pgmb-%' AND lower(e.key) NOT LIKE 'webhook-%'
                      AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
                      AND v.value ~ '^[\x20-\x7e]*$'), '{}')

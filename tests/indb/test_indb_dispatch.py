@@ -36,6 +36,8 @@ def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, se
         "bad name": "x",
         "crlf": "a\r\nInjected: 1",
         "unicode": "grüße",
+        "User-Agent": "theirs",
+        "user-agent": "theirs too",
     }
     pgmb.send("k.l", {"x": "é"}, headers=headers)
     [(message_id, attempt, sql_headers)] = pg.execute(
@@ -58,6 +60,8 @@ def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, se
     assert sql_headers == python_headers
     assert sql_headers["tenant"] == "eu"
     assert "crlf" not in sql_headers and "unicode" not in sql_headers
+    # The transports send their own User-Agent, never a message's (0032).
+    assert not {"User-Agent", "user-agent"} & set(sql_headers)
     assert sql_headers["pgmb-queue"] == "hq"
 
 

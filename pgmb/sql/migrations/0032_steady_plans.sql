@@ -20,6 +20,11 @@
 -- signatures, results and row order as 0031 (claim), 0022 (ack), 0016 (start) and 0025
 -- (settle_failures). Planning at every call costs about what the cached plans saved
 -- (docs/benchmarks.md).
+--
+-- Also: a message's own User-Agent header is dropped like the other reserved names
+-- (pgmb.run_headers, the header rule's one SQL home; pgmb/dispatch/request.py's RESERVED):
+-- both transports send their own, and PL/Python's http.client sent a message's
+-- differently-cased one beside it.
 
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
@@ -206,4 +211,41 @@ BEGIN
     -- Data-modifying CTEs always run to completion, read or not.
     SELECT count(*)::integer INTO settled FROM history;
     RETURN settled;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.run_headers(requests pgmb.claimed[], unix_time bigint)
+RETURNS jsonb[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    built jsonb[];
+BEGIN
+    SELECT array_agg(
+               coalesce((
+                   SELECT jsonb_object_agg(e.key, v.value)
+                   FROM jsonb_each(coalesce(c.headers, '{}')) AS e
+                   CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string'
+                                                   THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
+                   WHERE lower(e.key) NOT IN ('host', 'content-type', 'content-length', 'connection',
+                                              'transfer-encoding', 'expect', 'upgrade', 'te', 'trailer',
+                                              'keep-alive', 'proxy-connection', 'user-agent')
+                     AND lower(e.key) NOT LIKE 'pgmb-%' AND lower(e.key) NOT LIKE 'webhook-%'
+                     AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
+                     AND v.value ~ '^[\x20-\x7e]*$'), '{}')
+            || jsonb_build_object(
+                   'Content-Type', 'application/json',
+                   'pgmb-message-id', c.message_id::text,
+                   'pgmb-routing-key', c.routing_key,
+                   'pgmb-queue', c.queue,
+                   'pgmb-attempt', c.attempt::text)
+            || CASE WHEN coalesce(c.secret, '') = '' THEN '{}'::jsonb ELSE jsonb_build_object(
+                   'webhook-id', c.message_id::text,
+                   'webhook-timestamp', unix_time::text,
+                   'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
+                       pgmb.secret_key(c.secret),
+                       convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
+               END
+            ORDER BY c.ordinality)
+    INTO built
+    FROM unnest(requests) WITH ORDINALITY AS c;
+    RETURN built;
 END $$;

@@ -2786,6 +2786,10 @@ CREATE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, fil
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_sort TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     q record;
@@ -3602,6 +3606,9 @@ END $$;
 
 CREATE FUNCTION pgmb.settle_reads(queue_name text, delivery_ids bigint[], outcome text) RETURNS SETOF bigint
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     q record;

@@ -1,6 +1,7 @@
 -- Migrating back from 0032: 0031's pgmb.claim, 0022's pgmb.ack, 0016's pgmb.start and
 -- 0025's pgmb.settle_failures, with cached plans and no planner settings of their own, and
 -- 0031's pgmb.run_headers, which sent a message's own User-Agent.
+-- pgmb.read and pgmb.settle_reads lose the planner settings 0032 gave them.
 
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
@@ -214,3 +215,8 @@ BEGIN
     FROM unnest(requests) WITH ORDINALITY AS c;
     RETURN built;
 END $$;
+
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    RESET enable_seqscan RESET enable_bitmapscan RESET enable_sort RESET jit;
+ALTER FUNCTION pgmb.settle_reads(text, bigint[], text)
+    RESET enable_seqscan RESET enable_bitmapscan RESET jit;

@@ -249,3 +249,12 @@ BEGIN
     FROM unnest(requests) WITH ORDINALITY AS c;
     RETURN built;
 END $$;
+
+-- Pull queues: pgmb.read and pgmb.settle_reads (delete, archive) keep 0027's cached plans,
+-- whose statements already find their rows by key, and take the same settings: a read
+-- planned against "no rows over many pages" picked through pgmb_delivery_message_queue and
+-- sorted the whole queue (tests/sql/test_steady_plans.py caught it).
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
+ALTER FUNCTION pgmb.settle_reads(text, bigint[], text)
+    SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off;

@@ -258,10 +258,15 @@ def test_entry_points_act_for_their_caller_with_a_fixed_search_path(owner):
         "pgmb.set_vt(text,bigint[],double precision)",
     ]
     configs = {r[0]: tuple(r[2]) for r in rows}
-    # pgmb.read also keeps one generic plan for the session (0027).
+    # pgmb.read also keeps one generic plan for the session (0027), and 0032's planner
+    # settings (tests/sql/test_steady_plans.py).
     assert configs.pop("pgmb.read(text,double precision,integer,jsonb)") == (
         "search_path=public, pg_temp",
         "plan_cache_mode=force_generic_plan",
+        "enable_seqscan=off",
+        "enable_bitmapscan=off",
+        "enable_sort=off",
+        "jit=off",
     )
     assert set(configs.values()) == {("search_path=public, pg_temp",)}
 

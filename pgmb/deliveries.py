@@ -130,11 +130,11 @@ _CLAIMED_FIELDS = [f.name for f in fields(Claimed)]
 
 
 def _claims(names: list[str], rows: list[tuple[Any, ...]]) -> list[Claimed]:
-    if names == _CLAIMED_FIELDS:
-        # The claim's columns come in the fields' order: by position, a row costs the
-        # dispatcher 2 µs less than by name (a claimed row's decoding is on its hot path).
-        return [Claimed(*row) for row in rows]
-    return [Claimed(**dict(zip(names, row, strict=True))) for row in rows]
+    # By position, a row costs the dispatcher 2 µs less than by name (its decoding is on
+    # the hot path): deliveries.sql's claim selects Claimed's fields in their order.
+    if names != _CLAIMED_FIELDS:
+        raise RuntimeError(f"the claim's columns {names} are not Claimed's fields in order")
+    return [Claimed(*row) for row in rows]
 
 
 def _queues(queues: Iterable[str] | None) -> list[str] | None:

@@ -300,11 +300,10 @@ class Dispatcher:
         look at its indexes if the interval since the last look has passed (never two at
         once).
 
-        Vacuuming once drained, not mid-way: a vacuum records the table's density of live
-        rows, by which the planner sizes it until the next one. Taken with a few rows left
-        over many pages, it had claims of the next burst planned for a near-empty table
-        (a full index scan joined to every claimed row: 400 ms a claim of 100); taken when
-        drained, the emptied pages go and the planner sizes the table by what it holds.
+        Vacuuming once drained, not mid-way: the finished deliveries' rows and index
+        entries, which every claim walks past, are then all gone, and the emptied pages
+        are truncated. (Migration 0032 keeps the claims' plans right whatever statistics
+        a vacuum records.)
         """
         now = time.monotonic()
         claimed, every, interval = (

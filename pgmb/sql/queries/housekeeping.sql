@@ -1,6 +1,7 @@
 -- Housekeeping of the hot table (pgmb/housekeeping.py): its indexes are rebuilt when a
--- drained backlog left them at their high-water mark, and it is vacuumed once drained. Run on an autocommit connection of its own: REINDEX ... CONCURRENTLY,
--- DROP INDEX CONCURRENTLY and VACUUM refuse a transaction block.
+-- drained backlog left them at their high-water mark, and it is vacuumed once drained.
+-- Run on an autocommit connection of its own: REINDEX ... CONCURRENTLY, DROP INDEX
+-- CONCURRENTLY and VACUUM refuse a transaction block.
 
 -- name: try_lock
 -- One housekeeper per database at a time (dispatchers, the command, cron): a session lock,

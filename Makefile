@@ -7,9 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Debian packages the project needs; `make deps` installs the missing ones when root.
 # chromium drives the admin's browser tests; libpostgresql-jdbc-java is Spark's JDBC driver;
-# valgrind counts instructions for bench/instructions.py.
+# valgrind counts instructions for bench/instructions.py; openssl makes the TLS tests' certificate.
 DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chromium \
-	libpostgresql-jdbc-java valgrind
+	libpostgresql-jdbc-java valgrind openssl
 
 .PHONY: help deps venv test demo bench lint schema clean
 

@@ -9,7 +9,8 @@ installed, else aiohttp; ``bench/endpoints.py``):
    ``send_batch`` (steady: first ack to last; process start to exit), and a dispatcher
    already running and waiting, woken by the COMMIT of as many messages (end to end: that
    COMMIT to the last ack; then as many again as soon as it waits again), against
-   aiohttp alone posting the same body and headers with as many requests in flight;
+   aiohttp alone posting the same body and headers with as many requests in flight (and
+   the dispatcher's own HTTP client alone, ``pgmb.dispatch.http1``, for where the time goes);
 2. latency from a producer's COMMIT to the endpoint receiving the POST, at a steady rate,
    the dispatcher woken by NOTIFY (no baseline: held against goals);
 3. ``CALL pgmb.dispatch_loop(...)`` posting through PL/Python, against PL/Python posting
@@ -126,7 +127,7 @@ def _dispatch(*options: str) -> list[str]:
             *options]  # fmt: skip
 
 
-# --- 1: throughput of the dispatcher and of aiohttp alone. ---
+# --- 1: throughput of the dispatcher and of HTTP clients alone. ---
 
 
 def run_dispatcher(queue_id: str, n: int) -> harness.Sample:
@@ -222,31 +223,45 @@ def run_running_dispatcher(queue_id: str, n: int) -> harness.Sample:
     return {**first, "rate_next": following["rate"]}
 
 
-def _raw_client(url: str, n: int, headers: dict[str, str]) -> harness.Sample:
-    """In a client process: POST ``n`` times, CONCURRENCY in flight."""
+def _raw_client(url: str, n: int, headers: dict[str, str], client: str) -> harness.Sample:
+    """In a client process: POST ``n`` times, CONCURRENCY in flight, with ``client``:
+    "aiohttp" or "pgmb" (the dispatcher's own, ``pgmb.dispatch.client.post``)."""
     import aiohttp
+
+    from pgmb.dispatch.client import new_session, post
 
     body = json.dumps(BODY).encode()
 
     async def main() -> float:
-        connector = aiohttp.TCPConnector(limit=CONCURRENCY, limit_per_host=0)
-        jar = aiohttp.DummyCookieJar()
-        timeout = aiohttp.ClientTimeout(total=10)
-        async with aiohttp.ClientSession(connector=connector, cookie_jar=jar) as session:
-            left, failed = n, 0
+        left, failed = n, 0
+        if client == "aiohttp":
+            connector = aiohttp.TCPConnector(limit=CONCURRENCY, limit_per_host=0)
+            jar = aiohttp.DummyCookieJar()
+            timeout = aiohttp.ClientTimeout(total=10)
+            session = aiohttp.ClientSession(connector=connector, cookie_jar=jar)
 
-            async def one() -> None:
-                nonlocal left, failed
-                while left > 0:
-                    left -= 1
-                    async with session.post(
-                        url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-                    ) as response:
-                        failed += response.status != 200
+            async def send() -> int:
+                async with session.post(
+                    url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+                ) as response:
+                    return response.status
 
-            start = time.perf_counter()
-            await asyncio.gather(*(one() for _ in range(CONCURRENCY)))
-            elapsed = time.perf_counter() - start
+        else:
+            session = new_session(CONCURRENCY)
+
+            async def send() -> int:
+                return (await post(session, url, body, headers, 10, 500)).status or 0
+
+        async def one() -> None:
+            nonlocal left, failed
+            while left > 0:
+                left -= 1
+                failed += await send() != 200
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(CONCURRENCY)))
+        elapsed = time.perf_counter() - start
+        await session.close()
         if failed:
             raise RuntimeError(f"{failed} requests failed")
         return n / elapsed
@@ -256,10 +271,12 @@ def _raw_client(url: str, n: int, headers: dict[str, str]) -> harness.Sample:
     return {"rate": rate, "cpu_us": (time.process_time() - cpu) / n * 1e6}
 
 
-def run_raw(pool: harness.Pool, url: str, n: int, headers: dict[str, str]) -> harness.Sample:
-    """aiohttp alone, in the pool's client process."""
+def run_raw(
+    pool: harness.Pool, url: str, n: int, headers: dict[str, str], client: str = "aiohttp"
+) -> harness.Sample:
+    """An HTTP client alone (see ``_raw_client``), in the pool's client process."""
     others = _cpu_of_others()
-    sample = pool.map(_raw_client, [(url, n, headers)])[0]
+    sample = pool.map(_raw_client, [(url, n, headers, client)])[0]
     return {**sample, **_per_message(others, n)}
 
 
@@ -400,10 +417,12 @@ def throughput(
     n = args.messages
     headers = sample_headers()
     raw = harness.Case("raw", lambda: run_raw(pool, url, n, headers))
+    own = harness.Case("own", lambda: run_raw(pool, url, n, headers, "pgmb"))
     dispatcher = harness.Case("dispatch", lambda: run_dispatcher(queue_id, n))
     running = harness.Case("running", lambda: run_running_dispatcher(queue_id, n))
-    pool.map(_raw_client, [(url, 2_000, headers)])  # warms nginx and the client; not counted
-    results = harness.measure([(raw, dispatcher, running)], args.rounds, load)
+    for client in ("aiohttp", "pgmb"):  # warms nginx and the clients; not counted
+        pool.map(_raw_client, [(url, 2_000, headers, client)])
+    results = harness.measure([(raw, own, dispatcher, running)], args.rounds, load)
     steady = harness.median(results.values("dispatch"))
     print(
         f"\n1. Throughput: {n:,} messages per run, {CONCURRENCY} requests in flight, "
@@ -420,6 +439,8 @@ def throughput(
         results,
         (
             harness.Row("aiohttp alone (the ceiling)", "raw"),
+            # The dispatcher's own client (pgmb.dispatch.http1), without a database.
+            harness.Row("pgmb's HTTP client alone", "own", "rate", "raw"),
             # Issue 9 asks 0.75 of the ceiling end to end (the core issue asked 0.5 steady).
             harness.Row(
                 "pgmb_dispatch, steady (first ack to last)", "dispatch", "rate", "raw", 0.5
@@ -519,7 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         ids = set_up(fast.url())
         harness.print_machine(
-            http=f"aiohttp {aiohttp.__version__}, asyncio event loop",
+            http=f"pgmb.dispatch.http1 (the dispatcher's); aiohttp {aiohttp.__version__} (the"
+            " baseline); asyncio event loop",
             endpoint=f'{fast.describe()} on 127.0.0.1, answering 200 "ok"',
         )
         global SERVER, ENDPOINT

@@ -11,16 +11,25 @@ close``), then ends each connection after one answer, in one of two ways:
 ``Http10Server`` is Python's ``http.server`` speaking HTTP/1.0: one request per connection,
 and the body's end is the connection's end (no Content-Length).
 
-Both record each request they handled with the client's port (one port per connection).
+``RawServer`` answers with scripted bytes, for what well-behaved servers never send: it
+reads each request (its head and a Content-Length body) and sends the next scripted answer
+byte for byte. A script item is bytes (the connection stays open for the next request) or a
+``Raw`` that can close the connection after sending; past the script, answers are ``200``
+with an empty body. With an ``ssl_context`` it speaks TLS.
+
+All record each request they handled with the client's port (one port per connection).
 """
 
 from __future__ import annotations
 
 import http.server
 import socket
+import ssl
 import threading
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from tests.waiting import DEADLINE
 
@@ -50,20 +59,20 @@ class _Recorder:
             return list(self._handled)
 
 
-class ClosingServer(_Recorder):
-    """HTTP/1.1 on 127.0.0.1 that ends every connection after one answer (see the module)."""
+class _SocketServer(_Recorder):
+    """A listener on 127.0.0.1 on a free port, each connection served by ``_serve`` in a
+    thread of its own."""
 
-    def __init__(self, mode: Literal["idle", "next"]) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.mode = mode
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
-    def url(self, path: str = "/") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+    def url(self, path: str = "/", scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
-    def __enter__(self) -> ClosingServer:
+    def __enter__(self: _Server) -> _Server:
         self._thread.start()
         return self
 
@@ -80,6 +89,20 @@ class ClosingServer(_Recorder):
             except OSError:  # closed by __exit__
                 return
             threading.Thread(target=self._serve, args=(conn, address[1]), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, port: int) -> None:
+        raise NotImplementedError
+
+
+_Server = TypeVar("_Server", bound=_SocketServer)
+
+
+class ClosingServer(_SocketServer):
+    """HTTP/1.1 on 127.0.0.1 that ends every connection after one answer (see the module)."""
+
+    def __init__(self, mode: Literal["idle", "next"]) -> None:
+        super().__init__()
+        self.mode = mode
 
     def _serve(self, conn: socket.socket, port: int) -> None:
         conn.settimeout(DEADLINE)
@@ -134,3 +157,62 @@ class Http10Server(_Recorder):
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=DEADLINE)
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Bytes to send as an answer; ``close`` ends the connection after them (a FIN)."""
+
+    data: bytes
+    close: bool = False
+
+
+class RawServer(_SocketServer):
+    """Scripted answers on 127.0.0.1 (see the module)."""
+
+    def __init__(
+        self, script: Iterable[bytes | Raw] = (), ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__()
+        self._script = deque(item if isinstance(item, Raw) else Raw(item) for item in script)
+        self._script_lock = threading.Lock()
+        self._tls = ssl_context
+        self.heads: list[bytes] = []
+
+    def _next(self) -> Raw:
+        with self._script_lock:
+            return self._script.popleft() if self._script else Raw(OK)
+
+    def _serve(self, conn: socket.socket, port: int) -> None:
+        conn.settimeout(DEADLINE)
+        if self._tls is not None:
+            try:
+                conn = self._tls.wrap_socket(conn, server_side=True)
+            except (OSError, ssl.SSLError):  # a client that refused the certificate
+                conn.close()
+                return
+        with conn, conn.makefile("rb") as reader:
+            while True:
+                head = b""
+                length = 0
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    head += line
+                    name, _, value = line.decode("latin-1").partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                if not head:
+                    return  # the client closed the connection
+                body = reader.read(length)
+                with self._script_lock:
+                    self.heads.append(head)
+                self._record(Handled(port, body))
+                answer = self._next()
+                try:
+                    conn.sendall(answer.data)
+                except OSError:
+                    return
+                if answer.close:
+                    return

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import aiohttp
+from . import http1
 
 #: Statuses whose Retry-After is honoured.
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -68,40 +68,19 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
-#: One ClientTimeout per distinct worker timeout, reused rather than built for every
-#: request on the hot path: a worker's timeout rarely changes.
-_timeouts: dict[float, aiohttp.ClientTimeout] = {}
-
-
-def _client_timeout(seconds: float) -> aiohttp.ClientTimeout:
-    timeout = _timeouts.get(seconds)
-    if timeout is None:
-        if len(_timeouts) > 1000:  # timeouts changed often; keep the cache small
-            _timeouts.clear()
-        timeout = _timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
-    return timeout
-
-
 #: Every request's User-Agent, on both dispatch paths (the PL/Python transport's too); a
 #: message's own User-Agent header does not replace it.
 USER_AGENT = "pgmb-dispatcher"
 
 
-def new_session(concurrency: int) -> aiohttp.ClientSession:
-    """One session per dispatcher: pooled keep-alive connections, no cookies.
-
-    No default headers: :func:`post` gives each request all of its own. A session's default
-    headers, or its ``skip_auto_headers``, make aiohttp merge header sets at every request,
-    ~10 % of the dispatcher's CPU a delivery (docs/benchmarks.md).
-    """
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ttl_dns_cache=300),
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
+def new_session(concurrency: int) -> http1.Client:
+    """One client per dispatcher: pooled keep-alive connections, as many kept idle as
+    requests may be in flight."""
+    return http1.Client(kept=concurrency)
 
 
 async def post(
-    session: aiohttp.ClientSession,
+    session: http1.Client,
     url: str,
     body: bytes,
     headers: dict[str, str],
@@ -109,41 +88,38 @@ async def post(
     body_limit: int,
 ) -> Outcome:
     """POST ``body`` to ``url`` with ``headers`` and pgmb's User-Agent; never raises for
-    what the network or the worker does."""
+    what the network, the worker or the URL does."""
     started = time.perf_counter()
-    sent = {**headers, "User-Agent": USER_AGENT}
 
     def elapsed() -> float:
         return (time.perf_counter() - started) * 1000
 
     try:
-        async with session.post(
-            url,
-            data=body,
-            headers=sent,
-            allow_redirects=False,
-            timeout=_client_timeout(timeout),
-        ) as response:
-            status = response.status
-            if 200 <= status < 300:
-                return Outcome(True, status, elapsed())
-            text = (await response.content.read(body_limit)).decode("utf-8", "replace")
-            retry_after = (
-                parse_retry_after(response.headers.get("Retry-After"))
-                if status in RETRY_AFTER_STATUSES
-                else None
-            )
-            reason = f"HTTP {status}"
-            if 300 <= status < 400:
-                reason += f" redirect to {response.headers.get('Location', '?')} (not followed)"
-            return Outcome(False, status, elapsed(), f"{reason}: {text}".strip(), retry_after)
+        response = await session.post(
+            url, body, {**headers, "User-Agent": USER_AGENT}, timeout, body_limit
+        )
+    except ValueError as exc:  # a URL or a header that cannot be sent; nothing was
+        return Outcome(False, None, elapsed(), f"could not send the request: {exc}")
     except asyncio.TimeoutError:
         return Outcome(False, None, elapsed(), f"timeout after {timeout:g}s")
-    except aiohttp.ClientConnectorError as exc:
-        return Outcome(False, None, elapsed(), f"connection failed: {exc.os_error or exc}")
-    except aiohttp.ServerDisconnectedError:
+    except http1.ConnectError as exc:
+        return Outcome(False, None, elapsed(), f"connection failed: {exc}")
+    except http1.NoResponse:
         return Outcome(False, None, elapsed(), "connection closed by the worker without a response")
-    except aiohttp.ClientError as exc:
-        return Outcome(False, None, elapsed(), f"{type(exc).__name__}: {exc}")
+    except http1.BadResponse as exc:
+        return Outcome(False, None, elapsed(), f"invalid response from the worker: {exc}")
     except OSError as exc:
         return Outcome(False, None, elapsed(), f"network error: {exc}")
+    status = response.status
+    if 200 <= status < 300:
+        return Outcome(True, status, elapsed())
+    text = response.body.decode("utf-8", "replace")
+    retry_after = (
+        parse_retry_after(response.headers.get("retry-after"))
+        if status in RETRY_AFTER_STATUSES
+        else None
+    )
+    reason = f"HTTP {status}"
+    if 300 <= status < 400:
+        reason += f" redirect to {response.headers.get('location', '?')} (not followed)"
+    return Outcome(False, status, elapsed(), f"{reason}: {text}".strip(), retry_after)

@@ -1,6 +1,6 @@
 """The garbage collector's settings for a process that runs dispatchers.
 
-A dispatcher process holds a large, settled heap (Django, aiohttp, psycopg: some 77,000
+A dispatcher process holds a large, settled heap (Django, psycopg: some 77,000
 tracked objects) and, while it delivers, a few thousand objects of its requests in flight.
 With CPython's defaults, a young-generation collection ran every 16 deliveries, each
 traversing the requests in flight (all alive), and every tenth of those promoted them on,

@@ -166,3 +166,18 @@ def test_dispatch_loop_stops_on_time_and_hands_back(
     assert Delivery.objects.count() == 20 - posted
     assert not Delivery.objects.filter(state="leased").exists()
     assert set(Delivery.objects.values_list("attempts", flat=True)) == {0}
+
+
+def test_the_loop_delivers_over_one_connection(
+    transport, dispatch_until, recording_server, make_worker, make_queue
+):
+    make_queue("#", worker=make_worker(endpoint=recording_server.url("/loop")))
+    pgmb.send_batch(("k", n) for n in range(30))
+    dispatch_until(lambda: not Delivery.objects.exists(), "all 30 messages to be delivered")
+    received = recording_server.requests
+    assert sorted(r.json() for r in received) == list(range(30))
+    assert Attempt.objects.filter(outcome="ack").count() == 30
+    if transport == "plpython3u":  # the http stand-in connects anew for each request
+        assert len({r.peer for r in received}) == 1
+
+

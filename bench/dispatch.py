@@ -14,7 +14,8 @@ installed, else aiohttp; ``bench/endpoints.py``):
 2. latency from a producer's COMMIT to the endpoint receiving the POST, at a steady rate,
    the dispatcher woken by NOTIFY (no baseline: held against goals);
 3. ``CALL pgmb.dispatch_loop(...)`` posting through PL/Python, against PL/Python posting
-   the same requests from one backend without claiming or acking anything.
+   the same requests from one backend, one at a time, without claiming or acking anything
+   (and the loop's own runs alone, in windows of requests, for where the time goes).
 
 Figures are medians of ``--rounds`` runs, interleaved with their baseline's.
 """
@@ -408,6 +409,24 @@ def run_indb_transport(url: str, n: int) -> harness.Sample:
     return {"rate": n / elapsed}
 
 
+def run_indb_windows(url: str, n: int) -> harness.Sample:
+    """Requests/s of pgmb.post_run_via_plpython alone: n POSTs from one backend in windows,
+    as the loop's runs post them, with no bound but their count; no claim/ack."""
+    with harness.connect() as conn:
+        start = time.perf_counter()
+        (ok,) = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 200) FROM pgmb.post_run_via_plpython("
+            " array_fill(%s::text, ARRAY[%s]), array_fill(%s::text, ARRAY[%s]),"
+            " array_fill(%s::jsonb, ARRAY[%s]), array_fill(10::float8, ARRAY[%s]),"
+            " %s, 1e12, NULL, 1, 1e12)",
+            (url, n, json.dumps(BODY), n, json.dumps(sample_headers()), n, n, n),
+        ).fetchone()
+        elapsed = time.perf_counter() - start
+    if ok != n:
+        raise RuntimeError(f"PL/Python windows: {ok} of {n} answered 200")
+    return {"rate": n / elapsed}
+
+
 # --- Main. ---
 
 
@@ -468,8 +487,9 @@ def throughput(
 def in_database(args: argparse.Namespace, url: str, queue_id: str, load: harness.OtherLoad) -> None:
     n, batch = args.indb_messages, args.indb_batch
     transport = harness.Case("transport", lambda: run_indb_transport(url, n))
+    windows = harness.Case("windows", lambda: run_indb_windows(url, n))
     indb = harness.Case("indb", lambda: run_indb(queue_id, n, batch))
-    results = harness.measure([(transport, indb)], args.rounds, load)
+    results = harness.measure([(transport, windows, indb)], args.rounds, load)
     print(
         f"\n3. In-database path: CALL pgmb.dispatch_loop(batch => {batch}) over PL/Python, "
         f"{n:,} messages per run, {args.rounds} runs; median (range); ratio = to PL/Python "
@@ -479,6 +499,8 @@ def in_database(args: argparse.Namespace, url: str, queue_id: str, load: harness
         results,
         (
             harness.Row("PL/Python POST alone (one backend)", "transport"),
+            # The loop's own way of posting (windows of 8, migration 0033), without a database.
+            harness.Row("PL/Python runs alone (windows)", "windows", "rate", "transport"),
             harness.Row(
                 "pgmb.dispatch_loop (claim, POST, ack, COMMIT)", "indb", baseline="transport"
             ),

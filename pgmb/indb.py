@@ -38,7 +38,7 @@ def capabilities(cursor: Any) -> Capabilities:
 
 #: The migration file with the current PL/Python transport: ``pgmb_cron install`` runs it
 #: where plpython3u was missing when the database was migrated.
-PLPYTHON_TRANSPORT = "0031_plpython_runs"
+PLPYTHON_TRANSPORT = "0033_plpython_windows"
 
 
 def install_plpython_transport(cursor: Any, name: str = PLPYTHON_TRANSPORT) -> bool:

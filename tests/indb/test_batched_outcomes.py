@@ -124,9 +124,12 @@ def test_a_backend_killed_mid_batch_loses_nothing(
     ids = [str(i) for i in pgmb.send_batch(("k", n) for n in range(6))]
     loop = start_loop(settings={"pgmb.indb_commit_every": "50", "pgmb.indb_commit_ms": NEVER_MS})
     try:
-        posted = recording_server.wait_for(3)
-        assert [r.headers["pgmb-message-id"] for r in posted] == ids[:3]
-        # Two outcomes kept, none committed; the claim committed the first request's mark.
+        # The first request alone, then, its answer fast, the other five in one window
+        # (PL/Python; the http extension posts one at a time): the third is held.
+        posted = recording_server.wait_for(6 if transport == "plpython3u" else 3)
+        assert sorted(r.headers["pgmb-message-id"] for r in posted) == sorted(ids[: len(posted)])
+        assert posted[0].headers["pgmb-message-id"] == ids[0]
+        # Outcomes kept, none committed; the claim committed the first request's mark.
         assert not Attempt.objects.exists()
         marked = Delivery.objects.filter(started=True).values_list("message_id", flat=True)
         assert [str(m) for m in marked] == ids[:1]
@@ -141,7 +144,7 @@ def test_a_backend_killed_mid_batch_loses_nothing(
         ),
         message="the terminated backend to exit",
     )
-    # The batch died with the backend: three requests made, no outcome recorded.
+    # The batch died with the backend: its requests made, no outcome recorded.
     assert not Attempt.objects.exists()
     assert Delivery.objects.filter(state="leased").count() == 6
     # The leases run out (600 s, brought forward): the marked one counts, the others
@@ -153,9 +156,9 @@ def test_a_backend_killed_mid_batch_loses_nothing(
     pg.execute("UPDATE pgmb_delivery SET available_at = now()")  # the first one's backoff
     start_loop(settings={"pgmb.indb_commit_every": "50", "pgmb.indb_commit_ms": NEVER_MS})
     wait_until(lambda: _acked() == set(ids), message="all 6 messages acked")
-    # At least once: every message arrived, the three of the lost batch twice.
+    # At least once: every message arrived, those of the lost batch twice.
     arrived = [r.headers["pgmb-message-id"] for r in recording_server.requests]
-    assert sorted(arrived) == sorted(ids + ids[:3])
+    assert sorted(arrived) == sorted(ids + ids[: len(posted)])
     assert not Delivery.objects.exists() and not DeadLetter.objects.exists()
     by_message: dict[str, list[tuple[str, int]]] = {}
     for message, outcome, attempt in Attempt.objects.order_by("id").values_list(

@@ -168,7 +168,7 @@ def test_dispatch_loop_stops_on_time_and_hands_back(
     assert set(Delivery.objects.values_list("attempts", flat=True)) == {0}
 
 
-def test_the_loop_delivers_over_one_connection(
+def test_the_loop_delivers_over_kept_connections(
     transport, dispatch_until, recording_server, make_worker, make_queue
 ):
     make_queue("#", worker=make_worker(endpoint=recording_server.url("/loop")))
@@ -178,6 +178,5 @@ def test_the_loop_delivers_over_one_connection(
     assert sorted(r.json() for r in received) == list(range(30))
     assert Attempt.objects.filter(outcome="ack").count() == 30
     if transport == "plpython3u":  # the http stand-in connects anew for each request
-        assert len({r.peer for r in received}) == 1
-
-
+        # One connection a request in a window (8 at most), kept for the next windows.
+        assert len({r.peer for r in received}) <= 8

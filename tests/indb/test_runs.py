@@ -13,6 +13,7 @@ import pytest
 import pgmb
 from pgmb.dispatch.request import build_headers
 from pgmb.models import Attempt, DeadLetter, Delivery
+from tests.closinghttp import ClosingServer, Http10Server
 from tests.faults import _store_with_triggers_off
 from tests.httpserver import held, reply
 
@@ -117,41 +118,43 @@ def test_paced_rows_beside_a_run_keep_their_pace(
 def test_the_deadline_ends_a_run_and_hands_back_the_rest(
     transport, pg, recording_server, make_worker, make_queue
 ):
-    recording_server.respond(reply(200, delay=0.3))
+    recording_server.respond(reply(200, delay=0.5))
     make_queue("#", worker=make_worker(endpoint=recording_server.url()))
-    pgmb.send_batch(("k", n) for n in range(20))
-    # No bound by milliseconds: only the deadline can end the run before its 20 rows.
+    pgmb.send_batch(("k", n) for n in range(50))
+    # No bound by milliseconds: only the deadline can end the run before its 50 rows.
     pg.execute("SELECT set_config('pgmb.indb_commit_ms', '60000', false)")
-    pg.execute("CALL pgmb.dispatch_loop(2.0, 20)")
+    pg.execute("CALL pgmb.dispatch_loop(2.0, 50)")
     posted = len(recording_server.requests)
-    # Each post takes at least 0.3 s, and none starts after the 2 s are up.
-    assert 1 <= posted <= 7
+    # Each answer takes at least 0.5 s: one request, then windows of 8, and none starts
+    # after the 2 s are up.
+    assert 1 <= posted <= 1 + 8 * 3
     assert Attempt.objects.filter(outcome="ack").count() == posted
-    assert Delivery.objects.count() == 20 - posted
+    assert Delivery.objects.count() == 50 - posted
     assert set(Delivery.objects.values_list("state", "attempts")) == {("ready", 0)}
 
 
 @plpython_only
-def test_a_cancel_during_a_run_stops_it_after_the_request_in_flight(
+def test_a_cancel_during_a_run_stops_it_after_the_window_in_flight(
     transport, pg, start_loop, recording_server, make_worker, make_queue
 ):
     gate = threading.Event()
     recording_server.script([200, held(gate)])
     make_queue("#", worker=make_worker(endpoint=recording_server.url()), lease_seconds=600)
-    ids = [str(i) for i in pgmb.send_batch(("k", n) for n in range(6))]
+    ids = [str(i) for i in pgmb.send_batch(("k", n) for n in range(12))]
     loop = start_loop(settings={"pgmb.indb_commit_ms": "60000"})
     try:
-        posted = recording_server.wait_for(2)
-        assert [r.headers["pgmb-message-id"] for r in posted] == ids[:2]
+        # The first request alone, then, its answer fast, a window of 8: the second is held.
+        posted = recording_server.wait_for(9)
+        assert sorted(r.headers["pgmb-message-id"] for r in posted) == sorted(ids[:9])
         pg.execute("SELECT pg_cancel_backend(%s)", (loop.pid,))
     finally:
         gate.set()
     loop.thread.join(timeout=60)
     assert loop.ended and isinstance(loop.ended[0], psycopg.errors.QueryCanceled)
-    # Nothing after the request in flight, and the run's outcomes went with the CALL.
-    assert len(recording_server.requests) == 2
+    # Nothing after the window in flight, and the run's outcomes went with the CALL.
+    assert len(recording_server.requests) == 9
     assert not Attempt.objects.exists()
-    assert Delivery.objects.filter(state="leased").count() == 6
+    assert Delivery.objects.filter(state="leased").count() == 12
 
 
 @pytest.fixture
@@ -166,10 +169,16 @@ def post_run(pg: psycopg.Connection):
     ):
         pytest.skip("plpython3u is not installed in the test database")
 
-    def call(urls: list[str], max_count: int = 50, held_ms: float | None = None, deadline=1e12):
+    def call(
+        urls: list[str],
+        max_count: int = 50,
+        held_ms: float | None = None,
+        deadline: float = 1e12,
+        guess_ms: float = 0,
+    ):
         return pg.execute(
             "SELECT status, error FROM pgmb.post_run_via_plpython(%s, %s, %s::jsonb[], %s,"
-            " %s, 50, %s, 0, %s)",
+            " %s, 50, %s, %s, %s)",
             (
                 urls,
                 [f'{{"n": {n}}}' for n in range(len(urls))],
@@ -177,6 +186,7 @@ def post_run(pg: psycopg.Connection):
                 [10.0] * len(urls),
                 max_count,
                 held_ms,
+                guess_ms,
                 deadline,
             ),
         ).fetchall()
@@ -191,9 +201,9 @@ def test_a_run_stops_at_each_bound_and_always_posts_its_first(post_run, recordin
     # An outcome already kept past the budget, or a deadline gone: the first request only.
     assert post_run(urls, held_ms=1e6) == [(200, "")]
     assert post_run(urls, deadline=0) == [(200, "")]
-    assert [r.json() for r in recording_server.wait_for(10)] == [{"n": n} for n in range(5)] + [
-        {"n": n} for n in range(3)
-    ] + [{"n": 0}, {"n": 0}]
+    # Requests of one window travel on connections of their own: counted, not ordered.
+    bodies = sorted(r.json()["n"] for r in recording_server.wait_for(10))
+    assert bodies == sorted([*range(5), *range(3), 0, 0])
 
 
 def test_runs_and_single_posts_share_the_transport(post_run, pg, recording_server):
@@ -209,3 +219,26 @@ def test_runs_and_single_posts_share_the_transport(post_run, pg, recording_serve
     assert refused[0] is None and "Connection refused" in refused[1]
     received = recording_server.wait_for(3)
     assert len({r.peer for r in received}) == 1
+
+
+def test_a_window_posts_its_requests_together_and_returns_outcomes_in_order(
+    post_run, make_recording_server
+):
+    fine, busy = make_recording_server(), make_recording_server()
+    busy.respond(reply(503, "busy"))
+    with ClosingServer("next") as closing, Http10Server() as old:
+        window = [fine.url(), busy.url(), "http://127.0.0.1:9/", closing.url(), old.url()]
+        window += [fine.url(), closing.url(), old.url()]
+        # A fast last answer (guess_ms): the first window is already 8 wide.
+        outcomes = post_run(window * 3, guess_ms=1)
+        closing_handled = closing.handled
+    statuses = [status for status, _ in outcomes]
+    assert statuses == [200, 503, None, 200, 200, 200, 200, 200] * 3
+    assert outcomes[1] == (503, "HTTP 503: busy")
+    assert "Connection refused" in outcomes[2][1]
+    # Two requests to one endpoint in a window: two connections, both kept for the next
+    # windows. The closing server dropped every kept connection as the next request came:
+    # each was sent once more on a new one, and handled once.
+    assert len(fine.wait_for(6)) == 6
+    assert len({r.peer for r in fine.requests}) == 2
+    assert len(closing_handled) == 6

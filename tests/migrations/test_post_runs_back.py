@@ -1,5 +1,5 @@
 """Migrating back from 0031 puts back 0030's transport and loop, and the database delivers
-with them; migrating forward again delivers through runs."""
+with them; migrating forward again (to 0031) delivers through runs."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _delivers(conn: psycopg.Connection, server, key: str) -> None:
 
 def test_migrating_back_restores_0030_and_keeps_delivering(scratch, recording_server):
     with scratch("pgmb_post_runs_back") as info:
-        manage(info["dbname"], "migrate", "pgmb")
+        manage(info["dbname"], "migrate", "pgmb", "0031_indb_post_runs")
         with psycopg.connect(**info, autocommit=True) as conn:
             [(worker_id,)] = conn.execute(
                 "SELECT pgmb.worker('w', %s, 100000)", (recording_server.url("/runs"),)
@@ -77,7 +77,7 @@ def test_migrating_back_restores_0030_and_keeps_delivering(scratch, recording_se
             if transport is not None:
                 assert "http.client" in transport and "pgmb_post_0031" not in transport
             _delivers(conn, recording_server, "runs.back")
-        manage(info["dbname"], "migrate", "pgmb")
+        manage(info["dbname"], "migrate", "pgmb", "0031_indb_post_runs")
         with psycopg.connect(**info, autocommit=True) as conn:
             transport, loop, present = _state(conn)
             assert "pgmb.post_run_via_plpython(" in loop

@@ -250,8 +250,7 @@ def test_a_cancelled_request_costs_its_connection_and_nothing_else(client, recor
 
     async def cancel_while_held() -> None:
         task = asyncio.ensure_future(post(session, url, b"1", {}, 10, 500))
-        while not recording_server.requests:
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(recording_server.wait_for, 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -447,6 +447,8 @@ class Client:
                 ),
                 deadline - loop.time(),
             )
+        except asyncio.TimeoutError:  # an OSError too since Python 3.11: the worker's timeout
+            raise
         except OSError as exc:  # refusals, name lookups, TLS (ssl.SSLError is an OSError)
             if exc.errno and exc.errno > 0 and not isinstance(exc, ssl.SSLError):
                 reason = os.strerror(exc.errno)

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -240,6 +241,24 @@ def test_urls_that_cannot_be_posted_to_are_refused(url, error):
 def test_a_refused_connection_names_the_reason_and_the_address(send):
     status, error, _ = send("http://127.0.0.1:9/")
     assert (status, error) == (None, "connection failed: Connection refused (127.0.0.1:9)")
+
+
+def test_a_connection_that_is_never_accepted_times_out(send):
+    # A listener whose accept queue is full: the kernel leaves further handshakes waiting.
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as listener:
+        port = listener.getsockname()[1]
+        queued = []
+        try:
+            for _ in range(4):  # the queue's one place, and then some
+                sock = socket.socket()
+                sock.setblocking(False)
+                sock.connect_ex(("127.0.0.1", port))
+                queued.append(sock)
+            outcome = send(f"http://127.0.0.1:{port}/", timeout=0.3)
+        finally:
+            for sock in queued:
+                sock.close()
+    assert outcome == (None, "timeout after 0.3s", None)
 
 
 def test_a_cancelled_request_costs_its_connection_and_nothing_else(client, recording_server):

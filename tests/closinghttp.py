@@ -29,7 +29,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import BinaryIO, Literal, TypeVar
 
 from tests.waiting import DEADLINE
 
@@ -93,6 +93,18 @@ class _SocketServer(_Recorder):
     def _serve(self, conn: socket.socket, port: int) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def _read_request(reader: BinaryIO) -> tuple[bytes, bytes]:
+        """One request's head (its header lines; empty once the client closed) and body."""
+        head = b""
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            head += line
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        return head, reader.read(length)
+
 
 _Server = TypeVar("_Server", bound=_SocketServer)
 
@@ -108,12 +120,7 @@ class ClosingServer(_SocketServer):
         conn.settimeout(DEADLINE)
         # Both closed on the way out: the socket's file is its last reference.
         with conn, conn.makefile("rb") as reader:
-            length = 0
-            while (line := reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            body = reader.read(length)
+            _, body = self._read_request(reader)
             self._record(Handled(port, body))
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             if self.mode == "next":
@@ -196,16 +203,9 @@ class RawServer(_SocketServer):
                 return
         with conn, conn.makefile("rb") as reader:
             while True:
-                head = b""
-                length = 0
-                while (line := reader.readline()) not in (b"\r\n", b""):
-                    head += line
-                    name, _, value = line.decode("latin-1").partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value)
+                head, body = self._read_request(reader)
                 if not head:
                     return  # the client closed the connection
-                body = reader.read(length)
                 with self._script_lock:
                     self.heads.append(head)
                 self._record(Handled(port, body))

@@ -98,7 +98,7 @@ async def post(
         response = await session.post(
             url, body, {**headers, "User-Agent": USER_AGENT}, timeout, body_limit
         )
-    except ValueError as exc:  # a URL or a header that cannot be sent; nothing was
+    except ValueError as exc:  # a URL or a header that cannot be sent: nothing was sent
         return Outcome(False, None, elapsed(), f"could not send the request: {exc}")
     except asyncio.TimeoutError:
         return Outcome(False, None, elapsed(), f"timeout after {timeout:g}s")

@@ -541,9 +541,8 @@ class Dispatcher:
                 self._session, row.endpoint, body, headers, row.timeout, self.options.body_limit
             )
         except Exception as exc:
-            # Whatever one delivery does wrong (a secret that cannot be decoded, a URL the
-            # client refuses, a bug) is that delivery's failed attempt, never a dead task
-            # holding its lease.
+            # Whatever one delivery does wrong (a secret that cannot be decoded, a bug) is
+            # that delivery's failed attempt, never a dead task holding its lease.
             outcome = Outcome(
                 False,
                 None,

@@ -11,14 +11,13 @@ PY := $(VENV)/bin/python
 DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chromium \
 	libpostgresql-jdbc-java valgrind openssl
 
-.PHONY: help deps venv test demo bench lint schema clean
+.PHONY: help deps venv test demo bench lint clean
 
 help:
 	@echo "make demo   bring up a local PostgreSQL, migrate the example project, publish and serve the admin"
 	@echo "make test   install what the tests need, start a throwaway PostgreSQL, run the suite, stop it"
 	@echo "make bench  run the benchmarks in bench/ against a throwaway PostgreSQL"
 	@echo "make lint   ruff and mypy"
-	@echo "make schema regenerate pgmb/sql/schema.sql from a migrated database"
 
 deps:
 	@scripts/deps.sh $(DEBS)
@@ -39,9 +38,6 @@ demo: deps venv
 
 bench: deps venv
 	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/instructions.py --against 0020 && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
-
-schema: deps venv
-	@scripts/with-cluster.sh scripts/schema.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .

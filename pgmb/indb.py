@@ -36,13 +36,13 @@ def capabilities(cursor: Any) -> Capabilities:
     return Capabilities(**dict(zip(names, cursor.fetchone(), strict=True)))
 
 
-#: The migration file with the current PL/Python transport: ``pgmb_cron install`` runs it
-#: where plpython3u was missing when the database was migrated.
-PLPYTHON_TRANSPORT = "0033_plpython_windows"
+def install_plpython_transport(cursor: Any, script: str | None = None) -> bool:
+    """Create plpython3u if it is available and allowed, then run the transport's SQL.
 
-
-def install_plpython_transport(cursor: Any, name: str = PLPYTHON_TRANSPORT) -> bool:
-    """Create plpython3u if it is available and allowed, then run the transport's file."""
+    ``script`` is the migration's frozen copy when a migration installs it; by default it is
+    the current source (``pgmb/sql/schema/plpython.sql``), which ``pgmb_cron install`` runs
+    where plpython3u was missing when the database was migrated.
+    """
     caps = capabilities(cursor)
     if not caps.plpython_installed and caps.plpython_available:
         cursor.execute("SAVEPOINT pgmb_plpython")
@@ -53,7 +53,7 @@ def install_plpython_transport(cursor: Any, name: str = PLPYTHON_TRANSPORT) -> b
         else:
             cursor.execute("RELEASE SAVEPOINT pgmb_plpython")
     if capabilities(cursor).plpython_installed:
-        cursor.execute(sql.migration_script(name))
+        cursor.execute(sql.schema_source(sql.PLPYTHON) if script is None else script)
         return True
     return False
 

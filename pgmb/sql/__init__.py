@@ -2,10 +2,13 @@
 
 * ``queries/*.sql`` hold named statements that the Python side runs, each introduced by a
   ``-- name: NAME`` line (read with :func:`query`);
+* ``schema/*.sql`` are the current schema, by concern, loaded in the order of
+  :data:`SCHEMA` (then :data:`PLPYTHON` where the language exists): everything pgmb keeps
+  in the database besides its Django models. Edited by hand; the source to read.
 * ``migrations/NNNN_*.sql`` are the versioned scripts that migrations run (with
-  :mod:`pgmb.sql.operations`); a released one is never edited, a change is a new file;
-* ``schema.sql`` is the whole current schema, generated from a migrated database
-  (``make schema``), for reading; a test checks that it matches the migrations.
+  :mod:`pgmb.sql.operations`); a released one is never edited, a change is a new file.
+  ``tests/migrations`` checks that the migrations build what the models and ``schema/``
+  describe.
 """
 
 from __future__ import annotations
@@ -21,6 +24,36 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 def script(path: str) -> str:
     """The whole text of ``pgmb/sql/<path>``."""
     return resources.files(__package__).joinpath(path).read_text(encoding="utf-8")
+
+
+#: The files of ``schema/``, in the order they load: everything pgmb keeps in the database
+#: besides its Django models (``tables.sql`` adds to the models' tables what Django cannot
+#: declare). Each file holds one concern; a later file may use what an earlier one made.
+SCHEMA: tuple[str, ...] = (
+    "types",
+    "routing",
+    "tables",
+    "views",
+    "publish",
+    "deliveries",
+    "breakers",
+    "pull",
+    "metrics",
+    "dispatchers",
+    "indb",
+    "access",
+)
+
+#: The PL/Python transport of the in-database loop, loaded after :data:`SCHEMA` only where
+#: the database has (or can create) plpython3u.
+PLPYTHON: tuple[str, ...] = ("plpython",)
+
+
+def schema_source(names: tuple[str, ...] = SCHEMA) -> str:
+    """The files ``schema/<name>.sql`` of ``names``, in that order, as one script."""
+    return "\n".join(
+        f"-- ==== pgmb/sql/schema/{name}.sql ====\n{script(f'schema/{name}.sql')}" for name in names
+    )
 
 
 def migration_script(name: str, *, down: bool = False) -> str:

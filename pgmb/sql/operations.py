@@ -48,7 +48,7 @@ class RunPlpythonSQL(migrations.RunPython):
         from .. import indb
 
         with schema_editor.connection.cursor() as cursor:
-            indb.install_plpython_transport(cursor, self.sql_name)
+            indb.install_plpython_transport(cursor, migration_script(self.sql_name))
 
     def _backward(self, apps: Any, schema_editor: Any) -> None:
         from .. import indb

@@ -44,14 +44,23 @@ def scratch() -> Callable:
 
 def manage(dbname: str, *args: str) -> subprocess.CompletedProcess:
     """Run ``django-admin ARGS`` with the test settings against another database."""
+    return _run(dbname, "django", *args)
+
+
+def build_from_source(dbname: str) -> None:
+    """Build pgmb's schema in ``dbname`` from the models and ``pgmb/sql/schema/``."""
+    _run(dbname, "tests.migrations.from_source")
+
+
+def _run(dbname: str, module: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PGMB_DB_NAME": dbname, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, "-m", "django", *args],
+        [sys.executable, "-m", module, *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert result.returncode == 0, f"django-admin {' '.join(args)}: {result.stderr}"
+    assert result.returncode == 0, f"{module} {' '.join(args)}: {result.stderr}"
     return result

@@ -1,8 +1,9 @@
-"""pgmb/sql/schema.sql and the versioned migration files tell the same story."""
+"""The models plus pgmb/sql/schema/ and the migrations tell the same story."""
 
 from __future__ import annotations
 
 import difflib
+import re
 from collections import Counter
 from importlib import resources
 from pathlib import Path
@@ -12,7 +13,9 @@ import pytest
 from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 
+from pgmb.sql import PLPYTHON, SCHEMA
 from pgmb.sql.operations import RunMigrationSQL, RunPlpythonSQL
+from tests.migrations.conftest import build_from_source
 
 FINGERPRINT = (Path(__file__).parent / "fingerprint.sql").read_text()
 SQL_DIR = resources.files("pgmb.sql")
@@ -54,18 +57,42 @@ def test_each_migration_file_is_numbered_like_its_migration():
                 assert op.sql_name[:4] == name[:4], f"{name} runs {op.sql_name}.sql"
 
 
+def test_every_object_of_the_source_says_what_it_is_for():
+    created = re.compile(r"^CREATE (OR REPLACE )?(FUNCTION|PROCEDURE|VIEW|TYPE|TABLE)\b")
+    bare = []
+    for name in (*SCHEMA, *PLPYTHON):
+        lines = SQL_DIR.joinpath(f"schema/{name}.sql").read_text().splitlines()
+        for i, line in enumerate(lines):
+            if created.match(line) and not (i and lines[i - 1].startswith("--")):
+                bare.append(f"schema/{name}.sql:{i + 1}: {line}")
+    assert bare == [], "objects without a comment above them:\n" + "\n".join(bare)
+
+
+#: Where today's migrations build another catalog than the source: rows of the fingerprint,
+#: on the migrations' side. The pgmb_durations_bounded check was added NOT VALID to spare
+#: upgraded tables a scan (the source validates it); the failed-attempts index was created
+#: by SQL with `<>` (the model's condition, ~Q(outcome="ack"), prints as NOT (... = ...)).
+TODAY_ONLY = {
+    "constraint | pgmb_queue.pgmb_queue_durations_bounded",
+    "index | pgmb_attempt_failed",
+}
+
+
 @pytest.mark.django_db
-def test_schema_file_builds_the_schema_the_migrations_build(scratch):
+def test_the_migrations_build_what_the_models_and_the_source_describe(scratch):
     with connection.cursor() as cursor:
         migrated = _fingerprint(cursor)
-    with scratch("pgmb_schema_check") as info, psycopg.connect(**info, autocommit=True) as conn:
-        conn.execute(SQL_DIR.joinpath("schema.sql").read_text())
-        # Server settings the dump sets for its session must not leak into the comparison.
-        conn.execute("RESET ALL")
-        with conn.cursor() as cursor:
-            from_file = _fingerprint(cursor)
-    diff = "\n".join(
-        difflib.unified_diff(from_file, migrated, "schema.sql", "migrations", lineterm="", n=0)
+    with scratch("pgmb_source_check") as info:
+        build_from_source(info["dbname"])
+        with psycopg.connect(**info, autocommit=True) as conn, conn.cursor() as cursor:
+            from_source = _fingerprint(cursor)
+    differ = [
+        line
+        for line in difflib.unified_diff(from_source, migrated, lineterm="", n=0)
+        if line[:1] in "+-" and line[:3] not in ("+++", "---")
+    ]
+    unexplained = [line for line in differ if not line[1:].startswith(tuple(TODAY_ONLY))]
+    assert not unexplained, (
+        "pgmb/sql/schema/ and the migrations differ:\n" + "\n".join(unexplained)[:4000]
     )
-    assert not diff, f"pgmb/sql/schema.sql is out of date; run 'make schema':\n{diff[:4000]}"
     assert len(migrated) > 100  # the comparison saw the schema, not two empty lists

@@ -1,0 +1,245 @@
+-- Access control (docs/access.md): the roles pgmb_producer, pgmb_consumer and pgmb_admin,
+-- queue grants, and the checks of the functions that act for their caller.
+
+-- Roles are the cluster's: without CREATEROLE a DBA creates them, then runs
+-- SELECT pgmb.install_access(); (docs/access.md).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_producer') THEN
+        CREATE ROLE pgmb_producer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_consumer') THEN
+        CREATE ROLE pgmb_consumer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_admin') THEN
+        CREATE ROLE pgmb_admin NOLOGIN;
+    END IF;
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'pgmb: the roles pgmb_producer, pgmb_consumer and pgmb_admin were not created (%)',
+                 SQLERRM;
+END $$;
+
+-- Every role may call into pgmb, so that a refusal is pgmb's own error, which says what
+-- grant is missing. The functions that act for a role check it; the others run with the
+-- caller's privileges, and those need privileges on the tables.
+GRANT USAGE ON SCHEMA pgmb TO PUBLIC;
+
+-- Which queues a role may consume, besides pgmb_admin's members. A grant to a role that
+-- no longer exists matches nobody (roles are joined by name), nor does a grant of a queue
+-- deleted since: there is no foreign key, because Django's flush truncates pgmb_queue
+-- alone. grant_queue_access clears such leftovers.
+CREATE TABLE IF NOT EXISTS pgmb.queue_grant (
+    queue_id uuid NOT NULL,
+    role_name name NOT NULL,
+    granted_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue_id, role_name)
+);
+CREATE INDEX IF NOT EXISTS queue_grant_role ON pgmb.queue_grant (role_name);
+
+-- The role a definer function acts for.
+CREATE OR REPLACE FUNCTION pgmb.caller() RETURNS name
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('role'), 'none'), session_user)::name
+$$;
+
+-- Whether the caller is a member (with its privileges) of a group role that may not exist.
+CREATE OR REPLACE FUNCTION pgmb.caller_in(group_role name) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT FROM pg_roles r
+                   WHERE r.rolname = group_role AND pg_has_role(pgmb.caller(), r.oid, 'USAGE'))
+$$;
+
+-- Raises insufficient_privilege unless the caller may; the message names who and what.
+-- Like pgmb.may, callable by anyone about themselves.
+CREATE OR REPLACE FUNCTION pgmb.require(action text, queue_name text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    qid uuid;
+BEGIN
+    IF action = 'consume' THEN
+        SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
+        IF qid IS NULL THEN
+            RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name)
+                USING ERRCODE = 'undefined_object';
+        END IF;
+    END IF;
+    IF pgmb.may(action, qid) THEN
+        RETURN;
+    END IF;
+    CASE action
+    WHEN 'publish' THEN
+        RAISE EXCEPTION 'role % may not publish', quote_ident(pgmb.caller())
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('An administrator grants it: SELECT pgmb.grant_publish_access(%L);', pgmb.caller());
+    WHEN 'consume' THEN
+        RAISE EXCEPTION 'role % may not consume queue %', quote_ident(pgmb.caller()), quote_literal(queue_name)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('An administrator grants it: SELECT pgmb.grant_queue_access(%L, %L);',
+                                queue_name, pgmb.caller());
+    ELSE
+        RAISE EXCEPTION 'role % may not administer pgmb', quote_ident(pgmb.caller())
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'An administrator grants it: GRANT pgmb_admin TO the role;';
+    END CASE;
+END $$;
+
+-- The grants that make the three roles what they are; run again by a DBA who created the
+-- roles after migrating. Each is skipped while its role does not exist.
+CREATE OR REPLACE FUNCTION pgmb.install_access() RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing text[] := '{}';
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['pgmb_producer', 'pgmb_consumer', 'pgmb_admin'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
+            missing := missing || r;
+            CONTINUE;
+        END IF;
+        EXECUTE format('GRANT USAGE ON SCHEMA pgmb TO %I', r);
+    END LOOP;
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_admin') THEN
+        -- pgmb's tables and sequences only: the schema holds the project's others too.
+        FOR r IN
+            SELECT format('GRANT %s ON %s TO pgmb_admin',
+                          CASE c.relkind WHEN 'S' THEN 'USAGE, SELECT' ELSE 'SELECT, INSERT, UPDATE, DELETE' END,
+                          c.oid::regclass)
+            FROM pg_class c
+            WHERE c.relnamespace = (SELECT t.relnamespace FROM pg_class t WHERE t.oid = 'pgmb_message'::regclass)
+              AND c.relkind IN ('r', 'p', 'S', 'v') AND c.relname LIKE 'pgmb\_%'
+        LOOP
+            EXECUTE r;
+        END LOOP;
+        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgmb TO pgmb_admin';
+    END IF;
+    RETURN missing;
+END $$;
+
+-- Membership of a group role is changed by the function's owner: the application's role,
+-- which created the roles (or got ADMIN OPTION on them from a DBA).
+CREATE OR REPLACE FUNCTION pgmb.set_membership(group_role name, role_name name, member boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = group_role) THEN
+        RAISE EXCEPTION 'role % does not exist', group_role
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'A DBA creates it (docs/access.md), then runs SELECT pgmb.install_access();';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = role_name) THEN
+        RAISE EXCEPTION 'role % does not exist', quote_ident(role_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    IF member THEN
+        EXECUTE format('GRANT %I TO %I', group_role, role_name);
+    ELSE
+        EXECUTE format('REVOKE %I FROM %I', group_role, role_name);
+    END IF;
+END $$;
+
+-- Makes a role a publisher: a member of pgmb_producer.
+CREATE OR REPLACE FUNCTION pgmb.grant_publish_access(role_name name) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgmb.require('administer');
+    PERFORM pgmb.set_membership('pgmb_producer', role_name, true);
+END $$;
+
+-- Takes a role out of pgmb_producer.
+CREATE OR REPLACE FUNCTION pgmb.revoke_publish_access(role_name name) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgmb.require('administer');
+    PERFORM pgmb.set_membership('pgmb_producer', role_name, false);
+END $$;
+
+-- Returns whether the grant is new.
+CREATE OR REPLACE FUNCTION pgmb.grant_queue_access(queue_name text, role_name name) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    qid uuid;
+    added integer;
+BEGIN
+    PERFORM pgmb.require('administer');
+    SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
+    IF qid IS NULL THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    PERFORM pgmb.set_membership('pgmb_consumer', role_name, true);
+    DELETE FROM pgmb.queue_grant g WHERE NOT EXISTS (SELECT FROM pgmb_queue q WHERE q.id = g.queue_id);
+    INSERT INTO pgmb.queue_grant (queue_id, role_name) VALUES (qid, grant_queue_access.role_name)
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added > 0;
+END $$;
+
+-- Returns whether there was a grant; the role stays in pgmb_consumer while it has others.
+CREATE OR REPLACE FUNCTION pgmb.revoke_queue_access(queue_name text, role_name name) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    removed integer;
+BEGIN
+    PERFORM pgmb.require('administer');
+    IF NOT EXISTS (SELECT FROM pgmb_queue q WHERE q.name = queue_name) THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    DELETE FROM pgmb.queue_grant g USING pgmb_queue q
+    WHERE q.id = g.queue_id AND q.name = queue_name AND g.role_name = revoke_queue_access.role_name;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF NOT EXISTS (SELECT FROM pgmb.queue_grant g WHERE g.role_name = revoke_queue_access.role_name)
+       AND EXISTS (SELECT FROM pg_roles WHERE rolname = revoke_queue_access.role_name) THEN
+        PERFORM pgmb.set_membership('pgmb_consumer', role_name, false);
+    END IF;
+    RETURN removed > 0;
+END $$;
+
+-- The caller (pgmb.caller) may publish: it may insert messages itself, or it is a member of
+-- pgmb_producer. Used from functions with a fixed search_path only (pgmb.may, pgmb.send).
+CREATE OR REPLACE FUNCTION pgmb.may_publish() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT has_table_privilege(pgmb.caller(), 'pgmb_message', 'INSERT') OR pgmb.caller_in('pgmb_producer')
+$$;
+
+-- Whether the calling role may publish, consume the queue, or administer pgmb
+-- (action 'publish', 'consume' or 'administer'), from its memberships, grants and
+-- privileges.
+CREATE OR REPLACE FUNCTION pgmb.may(action text, queue_id uuid DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    who name := pgmb.caller();
+BEGIN
+    CASE action
+    WHEN 'publish' THEN
+        RETURN pgmb.may_publish();
+    WHEN 'consume' THEN
+        RETURN has_table_privilege(who, 'pgmb_delivery', 'DELETE')
+            OR EXISTS (SELECT FROM pgmb.queue_grant g JOIN pg_roles r ON r.rolname = g.role_name
+                       WHERE g.queue_id = may.queue_id AND pg_has_role(who, r.oid, 'USAGE'));
+    WHEN 'administer' THEN
+        RETURN has_table_privilege(who, 'pgmb_queue', 'UPDATE');
+    ELSE
+        RAISE EXCEPTION 'unknown action %', quote_literal(action) USING ERRCODE = 'invalid_parameter_value';
+    END CASE;
+END $$;
+
+-- The entry points: acting for their caller, with the tables' schema fixed (the schema
+-- Django created them in) and pg_temp last so no temporary object can stand in for one.
+DO $$
+DECLARE
+    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.oid = 'pgmb_message'::regclass);
+    f text;
+BEGIN
+    FOREACH f IN ARRAY ARRAY[
+        'pgmb.may(text, uuid)', 'pgmb.require(text, text)',
+        'pgmb.grant_publish_access(name)', 'pgmb.revoke_publish_access(name)',
+        'pgmb.grant_queue_access(text, name)', 'pgmb.revoke_queue_access(text, name)',
+        'pgmb.install_access()'
+    ] LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+    END LOOP;
+END $$;
+
+-- Only the owner installs grants and changes memberships directly.
+REVOKE EXECUTE ON FUNCTION pgmb.install_access(), pgmb.set_membership(name, name, boolean) FROM PUBLIC;
+
+-- The roles' privileges on the tables and views (where the roles exist).
+SELECT pgmb.install_access();

@@ -1,0 +1,584 @@
+-- The in-database dispatch path: pgmb.dispatch_loop claims, posts through the http
+-- extension or the PL/Python transport (plpython.sql), signs requests like
+-- pgmb/dispatch/request.py, records outcomes in batches, and is scheduled by pg_cron where
+-- it is installed (pgmb.cron_install). Each part is optional: `manage.py check` says what
+-- this database lacks.
+
+-- HMAC-SHA256 from core sha256() (RFC 2104), so signing needs no pgcrypto.
+CREATE OR REPLACE FUNCTION pgmb.hmac_sha256(key bytea, data bytea) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    k bytea := CASE WHEN length(key) > 64 THEN sha256(key) ELSE key END;
+    inner_pad bytea;
+    outer_pad bytea;
+BEGIN
+    k := k || decode(repeat('00', 64 - length(k)), 'hex');
+    inner_pad := k;
+    outer_pad := k;
+    FOR i IN 0..63 LOOP
+        inner_pad := set_byte(inner_pad, i, get_byte(k, i) # 54);   -- 0x36
+        outer_pad := set_byte(outer_pad, i, get_byte(k, i) # 92);   -- 0x5c
+    END LOOP;
+    RETURN sha256(outer_pad || sha256(inner_pad || data));
+END $$;
+
+-- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it.
+CREATE OR REPLACE FUNCTION pgmb.http_outcome(status integer, content text, location text, retry_after text,
+                                             started timestamptz, body_limit integer DEFAULT 500)
+RETURNS pgmb.http_outcome
+LANGUAGE sql STABLE AS $$
+    SELECT ROW(status,
+               CASE WHEN status BETWEEN 200 AND 299 THEN ''
+                    ELSE trim(format('HTTP %s%s: %s', status,
+                                     CASE WHEN status BETWEEN 300 AND 399
+                                          THEN format(' redirect to %s (not followed)', coalesce(location, '?')) ELSE '' END,
+                                     left(coalesce(content, ''), body_limit))) END,
+               CASE WHEN status IN (429, 503) THEN pgmb.retry_after_seconds(retry_after) END,
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome
+$$;
+
+-- POST through pgsql-http. Called through EXECUTE so that this file installs without it.
+-- pgsql-http follows redirects itself (up to 5) and has no option to stop it.
+CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+    status integer;
+    content text;
+    location text;
+    retry_after text;
+BEGIN
+    EXECUTE 'SELECT http_set_curlopt(''CURLOPT_TIMEOUT_MS'', $1)' USING ceil(timeout * 1000)::bigint::text;
+    EXECUTE $q$
+        SELECT (r).status, (r).content,
+               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'location' LIMIT 1),
+               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1)
+        FROM (SELECT http(('POST', $1,
+                           (SELECT coalesce(array_agg(http_header(k, v)), '{}')
+                            FROM jsonb_each_text($2) AS e(k, v) WHERE lower(k) <> 'content-type'),
+                           'application/json', $3)::http_request) AS r) AS response
+    $q$ INTO status, content, location, retry_after USING url, headers, body;
+    RETURN pgmb.http_outcome(status, content, location, retry_after, started);
+EXCEPTION WHEN others THEN
+    RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+END $$;
+
+-- One POST through the database's transport (pgmb.http_transport): the http extension,
+-- else PL/Python; an error says what to install when there is neither.
+CREATE OR REPLACE FUNCTION pgmb.post(url text, body text, headers jsonb, timeout float8)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+BEGIN
+    CASE pgmb.http_transport()
+        WHEN 'http' THEN RETURN pgmb.post_via_http(url, body, headers, timeout);
+        WHEN 'plpython3u' THEN
+            RETURN pgmb.post_via_plpython(url, body, headers, timeout);
+        ELSE
+            RAISE EXCEPTION 'pgmb: no HTTP transport in this database'
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Install the http extension (pgsql-http) or plpython3u, or run manage.py pgmb_dispatch instead.';
+    END CASE;
+END $$;
+
+-- Whether the pg_cron dispatch job exists (a running loop ends when it is unscheduled).
+CREATE OR REPLACE FUNCTION pgmb.cron_job_scheduled() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    found boolean;
+BEGIN
+    IF to_regclass('cron.job') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM cron.job WHERE jobname = ''pgmb-dispatch'' AND active)' INTO found;
+    RETURN found;
+END $$;
+
+-- pg_cron's version here as an array (e.g. {1,4}), NULL if pg_cron is not in this database.
+CREATE OR REPLACE FUNCTION pgmb.cron_version() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT string_to_array(substring(extversion FROM '^[0-9.]+'), '.')::integer[]
+    FROM pg_extension WHERE extname = 'pg_cron'
+$$;
+
+-- Schedule (or re-schedule) pgmb's jobs. pg_cron >= 1.5 runs a short loop every second;
+-- 1.4 (Debian 12) has only minutes, so a per-minute job loops for 55 s.
+CREATE OR REPLACE FUNCTION pgmb.cron_install(batch integer DEFAULT 50) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    version integer[] := pgmb.cron_version();
+    schedule text;
+    command text;
+BEGIN
+    IF version IS NULL THEN
+        RAISE EXCEPTION 'pg_cron is not installed in this database'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Preload it (shared_preload_libraries = ''pg_cron''), point cron.database_name here, then CREATE EXTENSION pg_cron.';
+    END IF;
+    IF version >= ARRAY[1, 5] THEN
+        schedule := '1 seconds';
+        command := format('CALL pgmb.dispatch_loop(0.9, %s, as_job => true)', batch);
+    ELSE
+        schedule := '* * * * *';
+        command := format('CALL pgmb.dispatch_loop(55, %s, as_job => true)', batch);
+    END IF;
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' USING 'pgmb-dispatch', schedule, command;
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' USING 'pgmb-maintenance', '* * * * *', 'SELECT pgmb.maintenance()';
+    RETURN format('pgmb-dispatch: %s  %s', schedule, command);
+END $$;
+
+-- Unschedules pgmb's pg_cron jobs (pgmb-dispatch, pgmb-maintenance); returns how many.
+CREATE OR REPLACE FUNCTION pgmb.cron_uninstall() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    removed integer := 0;
+    job text;
+BEGIN
+    IF pgmb.cron_version() IS NULL THEN
+        RETURN 0;
+    END IF;
+    FOR job IN EXECUTE 'SELECT jobname FROM cron.job WHERE jobname IN (''pgmb-dispatch'', ''pgmb-maintenance'')' LOOP
+        EXECUTE 'SELECT cron.unschedule($1)' USING job;
+        removed := removed + 1;
+    END LOOP;
+    RETURN removed;
+END $$;
+
+-- The loop's commit bounds, read from the settings pgmb.indb_commit_every (outcomes, 1 to
+-- 10,000) and pgmb.indb_commit_ms (milliseconds, 0 to 60,000): ALTER DATABASE ... SET, or
+-- ALTER ROLE, or SET in the calling session. The defaults are here and only here.
+CREATE OR REPLACE FUNCTION pgmb.indb_commit_bounds(OUT commit_every integer, OUT commit_ms float8)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    every_setting text := nullif(btrim(current_setting('pgmb.indb_commit_every', true)), '');
+    ms_setting text := nullif(btrim(current_setting('pgmb.indb_commit_ms', true)), '');
+BEGIN
+    commit_every := 50;
+    commit_ms := 50;
+    -- CASE, not OR: the cast must not be tried on text the pattern refused.
+    IF every_setting IS NOT NULL THEN
+        IF (CASE WHEN every_setting ~ '^[0-9]{1,9}$' THEN every_setting::integer NOT BETWEEN 1 AND 10000 ELSE true END) THEN
+            RAISE EXCEPTION 'invalid pgmb.indb_commit_every %: it must be a whole number of outcomes from 1 to 10000',
+                            quote_literal(every_setting)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        commit_every := every_setting::integer;
+    END IF;
+    IF ms_setting IS NOT NULL THEN
+        IF (CASE WHEN ms_setting ~ '^([0-9]{1,9}(\.[0-9]{0,6})?|\.[0-9]{1,6})$' THEN ms_setting::float8 > 60000 ELSE true END) THEN
+            RAISE EXCEPTION 'invalid pgmb.indb_commit_ms %: it must be a number of milliseconds from 0 to 60000',
+                            quote_literal(ms_setting)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        commit_ms := ms_setting::float8;
+    END IF;
+END $$;
+
+-- The transport pgmb.post uses: 'http' (the extension), 'plpython3u' (the PL/Python
+-- transport is installed) or NULL.
+CREATE OR REPLACE FUNCTION pgmb.http_transport() RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    transport text;
+BEGIN
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http') THEN 'http'
+        WHEN to_regprocedure('pgmb.post_via_plpython(text, text, jsonb, float8)') IS NOT NULL THEN 'plpython3u'
+    END INTO transport;
+    RETURN transport;
+END $$;
+
+-- Writes the outcomes of requests, through pgmb.ack (2xx) and pgmb.fail (the others), in
+-- one call each. Should that fail, each outcome is written on its own, so that one that
+-- cannot be written does not undo the others; one that cannot is marked started instead
+-- (pgmb.start): the request was made, so the expiry of its lease counts as an attempt.
+-- Returns how many outcomes were written.
+CREATE OR REPLACE FUNCTION pgmb.record_outcomes(delivery_ids bigint[], lease_ids uuid[], outcomes pgmb.http_outcome[])
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    written integer := 0;
+    o pgmb.http_outcome;
+BEGIN
+    IF cardinality(delivery_ids) IS DISTINCT FROM cardinality(lease_ids)
+       OR cardinality(delivery_ids) IS DISTINCT FROM cardinality(outcomes) THEN
+        RAISE EXCEPTION 'pgmb.record_outcomes needs one lease id and one outcome per delivery id '
+                        '(% delivery ids, % lease ids, % outcomes)',
+                        coalesce(cardinality(delivery_ids), 0), coalesce(cardinality(lease_ids), 0),
+                        coalesce(cardinality(outcomes), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(delivery_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    BEGIN
+        -- Each function only where it has rows (a call of either costs as much as a few).
+        SELECT CASE WHEN a.ids IS NULL THEN 0 ELSE pgmb.ack(a.ids, a.statuses, a.durations) END
+               + CASE WHEN f.ids IS NULL THEN 0
+                      ELSE pgmb.fail(f.ids, f.leases, f.statuses, f.errors, f.retry_after, f.durations) END
+        INTO written
+        FROM (SELECT array_agg(u.id) AS ids, array_agg(u.status) AS statuses,
+                     array_agg(u.duration_ms) AS durations
+              FROM unnest(delivery_ids, outcomes) AS u(id, status, error, retry_after, duration_ms)
+              WHERE u.status BETWEEN 200 AND 299) AS a,
+             (SELECT array_agg(u.id) AS ids, array_agg(u.lease_id) AS leases,
+                     array_agg(u.status) AS statuses, array_agg(u.error) AS errors,
+                     array_agg(u.retry_after) AS retry_after, array_agg(u.duration_ms) AS durations
+              FROM unnest(delivery_ids, lease_ids, outcomes) AS u(id, lease_id, status, error, retry_after, duration_ms)
+              WHERE u.status IS NULL OR u.status NOT BETWEEN 200 AND 299) AS f;
+        RETURN written;
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not record % outcomes together (%): recording them one by one',
+                      cardinality(delivery_ids), SQLERRM;
+    END;
+    written := 0;
+    FOR i IN 1 .. cardinality(delivery_ids) LOOP
+        o := outcomes[i];
+        BEGIN
+            IF o.status BETWEEN 200 AND 299 THEN
+                written := written + pgmb.ack(ARRAY[delivery_ids[i]], ARRAY[o.status], ARRAY[o.duration_ms]);
+            ELSE
+                written := written + pgmb.fail(ARRAY[delivery_ids[i]], ARRAY[lease_ids[i]], ARRAY[o.status],
+                                               ARRAY[o.error], ARRAY[o.retry_after], ARRAY[o.duration_ms]);
+            END IF;
+        EXCEPTION WHEN others THEN
+            -- Not even this outcome could be written: the lease runs out and the delivery is
+            -- retried, as after a crash.
+            RAISE WARNING 'pgmb: could not record the outcome of delivery %: %', delivery_ids[i], SQLERRM;
+            BEGIN
+                PERFORM pgmb.start(ARRAY[delivery_ids[i]], ARRAY[lease_ids[i]]);
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not mark delivery % started: %', delivery_ids[i], SQLERRM;
+            END;
+        END;
+    END LOOP;
+    RETURN written;
+END $$;
+
+-- The headers of one request (pgmb.run_headers of a one-request run).
+CREATE OR REPLACE FUNCTION pgmb.request_headers(c pgmb.claimed, unix_time bigint)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (pgmb.run_headers(ARRAY[c], unix_time))[1];
+END $$;
+
+-- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
+-- batches, committing between them (pg_cron runs it as a job, as_job). With the PL/Python
+-- transport a batch's requests to one worker go out as runs (pgmb.post_run_via_plpython);
+-- with the http extension one at a time. Outcomes are written in batches (pgmb.record_outcomes)
+-- within the bounds of pgmb.indb_commit_bounds. A fault in one request is that delivery's
+-- outcome, never the loop's end.
+CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT 50,
+                                    queue_names text[] DEFAULT NULL, as_job boolean DEFAULT false)
+LANGUAGE plpgsql AS $$
+DECLARE
+    commit_every integer;
+    commit_ms float8;
+    deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
+    next_reclaim timestamptz := clock_timestamp();
+    claimed pgmb.claimed[];
+    c pgmb.claimed;
+    outcome pgmb.http_outcome;
+    transport text;
+    runs boolean;
+    started timestamptz;
+    next_post jsonb := '{}';
+    wait float8;
+    i integer;
+    -- The run starting at row i: rows i .. run_end, their requests, their outcomes.
+    run_end integer;
+    run_max integer;
+    run_urls text[];
+    run_bodies text[];
+    run_headers jsonb[];
+    run_timeouts float8[];
+    run_ids bigint[];
+    run_leases uuid[];
+    run_ok integer;
+    paced boolean;
+    run_outcomes pgmb.http_outcome[];
+    run_first float8;
+    run_last_ms float8;
+    posted integer;
+    -- The outcomes not yet recorded, since when, and how long the last request took (the
+    -- guess for the next one).
+    done_ids bigint[] := '{}';
+    done_leases uuid[] := '{}';
+    done_outcomes pgmb.http_outcome[] := '{}';
+    pending_since timestamptz;
+    last_post_ms float8 := 0;
+    me bigint;
+    next_beat timestamptz := clock_timestamp() + interval '5 seconds';
+    delivered bigint := 0;
+    failed bigint := 0;
+BEGIN
+    -- Read first: a bad setting stops the loop before it writes anything.
+    SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
+    IF pgmb.http_transport() IS NULL THEN
+        RAISE EXCEPTION 'pgmb: no HTTP transport in this database' USING ERRCODE = 'feature_not_supported';
+    END IF;
+    -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
+    BEGIN
+        me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
+                                    pg_backend_pid(), queue_names);
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not register the dispatcher: %', SQLERRM;
+    END;
+    WHILE clock_timestamp() < deadline LOOP
+        EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
+        IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
+            BEGIN
+                PERFORM pgmb.dispatcher_beat(me, 0, delivered, failed);
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
+            END;
+            next_beat := clock_timestamp() + interval '5 seconds';
+        END IF;
+        IF clock_timestamp() >= next_reclaim THEN
+            BEGIN
+                PERFORM pgmb.reclaim_expired();
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+            END;
+            next_reclaim := clock_timestamp() + interval '5 seconds';
+        END IF;
+        BEGIN
+            SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
+        EXCEPTION WHEN others THEN
+            -- Nothing claimed: wait as when nothing is due, then try again.
+            RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
+            claimed := NULL;
+        END;
+        IF claimed IS NULL THEN
+            -- Nothing waits for a sleep: the outcomes kept so far are committed first.
+            PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+            done_ids := '{}';
+            done_leases := '{}';
+            done_outcomes := '{}';
+            COMMIT;
+            wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
+                          extract(epoch FROM deadline - clock_timestamp()));
+            COMMIT;
+            PERFORM pg_sleep(greatest(wait, 0.005));
+            CONTINUE;
+        END IF;
+        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
+        -- Runs need 0031's PL/Python function, which a database given PL/Python by hand may
+        -- lack: then one request at a time, as before.
+        transport := pgmb.http_transport();
+        runs := transport = 'plpython3u'
+                AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
+                                    'float8, float8, float8, float8)') IS NOT NULL;
+        -- Whether a run must look for paced rows that end it (most claims have none).
+        SELECT coalesce(bool_or(x.rps < 1000), false) INTO paced FROM unnest(claimed) AS x;
+        i := 1;
+        WHILE i <= cardinality(claimed) LOOP
+            c := claimed[i];
+            IF clock_timestamp() >= deadline THEN
+                -- Out of time: hand back what was not posted, unattempted.
+                PERFORM pgmb.release(ARRAY(SELECT x.delivery_id FROM unnest(claimed[i:]) AS x),
+                                     ARRAY(SELECT x.lease_id FROM unnest(claimed[i:]) AS x));
+                EXIT;
+            END IF;
+            -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
+            wait := 0;
+            IF c.rps < 1000 AND next_post ? c.worker_id::text THEN
+                wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
+            END IF;
+            -- A COMMIT before this request: the claim's (the first of a claim), before and
+            -- after a pacing wait (nothing waits for a sleep), or the batch's, once it is
+            -- full or its oldest outcome would wait too long. This request's start mark
+            -- goes with it.
+            IF i = 1 OR wait > 0
+               OR cardinality(done_ids) >= commit_every
+               OR (cardinality(done_ids) > 0
+                   AND extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms >= commit_ms) THEN
+                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+                done_ids := '{}';
+                done_leases := '{}';
+                done_outcomes := '{}';
+                IF wait > 0 THEN
+                    COMMIT;
+                    PERFORM pg_sleep(wait);
+                END IF;
+                -- A failed mark does not hold the request back: its expiry would then be
+                -- forgiven (up to twice), as after a crash within a batch.
+                BEGIN
+                    PERFORM pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
+                END;
+                COMMIT;
+            END IF;
+            run_end := NULL;
+            IF runs AND c.rps >= 1000 THEN
+                -- The run: this row and the unpaced rows after it, as many as the batch has
+                -- room for (pgmb.post_run_via_plpython stops earlier at the batch's other
+                -- bounds).
+                run_end := i - 1 + least(cardinality(claimed) - i + 1, commit_every - cardinality(done_ids));
+                IF paced THEN
+                    SELECT coalesce(min(k) - 1, run_end) INTO run_end
+                    FROM generate_series(i + 1, run_end) AS k
+                    WHERE (claimed[k]).rps < 1000;
+                END IF;
+                -- The headers of the whole run in one statement. Should one row's fail (a
+                -- secret stored before the rules refused it, say), the rows before it make
+                -- the run, and it goes the one-request way, which records its fault.
+                BEGIN
+                    run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                EXCEPTION WHEN others THEN
+                    run_max := run_end;
+                    run_end := i - 1;
+                    WHILE run_end < run_max LOOP
+                        BEGIN
+                            PERFORM pgmb.request_headers(claimed[run_end + 1], extract(epoch FROM now())::bigint);
+                        EXCEPTION WHEN others THEN
+                            EXIT;
+                        END;
+                        run_end := run_end + 1;
+                    END LOOP;
+                    IF run_end >= i THEN
+                        run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                    ELSE
+                        run_end := NULL;
+                    END IF;
+                END;
+                IF run_end IS NOT NULL THEN
+                    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
+                           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+                           array_agg(x.lease_id ORDER BY x.ordinality)
+                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases
+                    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
+                END IF;
+            END IF;
+            IF c.rps < 1000 THEN
+                next_post := next_post || jsonb_build_object(c.worker_id::text,
+                                                             extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+            END IF;
+            started := clock_timestamp();
+            IF run_end IS NOT NULL THEN
+                BEGIN
+                    SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
+                           min(r.finished), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+                           count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+                    INTO run_outcomes, run_first, run_last_ms, posted, run_ok
+                    FROM pgmb.post_run_via_plpython(
+                             run_urls, run_bodies, run_headers, run_timeouts,
+                             commit_every - cardinality(done_ids), commit_ms,
+                             CASE WHEN cardinality(done_ids) > 0
+                                  THEN extract(epoch FROM clock_timestamp() - pending_since) * 1000 END,
+                             last_post_ms, extract(epoch FROM deadline)::float8)
+                         WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
+                EXCEPTION WHEN others THEN
+                    -- Not a request's fault (those are outcomes): the call's. Recorded against
+                    -- the run's first row; the rest go on in the next run.
+                    run_outcomes := ARRAY[ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
+                                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
+                    run_first := extract(epoch FROM clock_timestamp());
+                    run_last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                    posted := 1;
+                    run_ok := 0;
+                END;
+                last_post_ms := run_last_ms;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := to_timestamp(run_first);
+                END IF;
+                done_ids := done_ids || run_ids[1:posted];
+                done_leases := done_leases || run_leases[1:posted];
+                done_outcomes := done_outcomes || run_outcomes;
+                delivered := delivered + run_ok;
+                failed := failed + posted - run_ok;
+                i := i + posted;
+            ELSE
+                BEGIN
+                    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
+                    -- cannot even be planned where PL/Python is missing.
+                    IF transport = 'plpython3u' THEN
+                        outcome := pgmb.post_via_plpython(c.endpoint, c.body,
+                                                          pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                    ELSE
+                        outcome := pgmb.post(c.endpoint, c.body,
+                                             pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                    END IF;
+                EXCEPTION WHEN others THEN
+                    outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
+                                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+                END;
+                last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := clock_timestamp();
+                END IF;
+                done_ids := done_ids || c.delivery_id;
+                done_leases := done_leases || c.lease_id;
+                done_outcomes := done_outcomes || outcome;
+                IF outcome.status BETWEEN 200 AND 299 THEN
+                    delivered := delivered + 1;
+                ELSE
+                    failed := failed + 1;
+                END IF;
+                i := i + 1;
+            END IF;
+            IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
+                BEGIN
+                    PERFORM pgmb.dispatcher_beat(me, cardinality(claimed) - i + 1, delivered, failed);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
+                END;
+                next_beat := clock_timestamp() + interval '5 seconds';
+            END IF;
+        END LOOP;
+    END LOOP;
+    -- The last outcomes, committed with the CALL.
+    PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+    IF me IS NOT NULL THEN
+        BEGIN
+            PERFORM pgmb.dispatcher_stop(me, delivered, failed);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
+        END;
+    END IF;
+END $$;
+
+-- The headers of each request of a run, as pgmb/dispatch/request.py builds them: the
+-- message's own headers (printable ASCII values of valid names, none reserved: the
+-- names the transports set themselves, User-Agent included, are dropped whatever their case),
+-- pgmb's, and a Standard Webhooks signature when the worker has a secret. The header rule's
+-- one SQL home.
+CREATE OR REPLACE FUNCTION pgmb.run_headers(requests pgmb.claimed[], unix_time bigint)
+RETURNS jsonb[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    built jsonb[];
+BEGIN
+    SELECT array_agg(
+               coalesce((
+                   SELECT jsonb_object_agg(e.key, v.value)
+                   FROM jsonb_each(coalesce(c.headers, '{}')) AS e
+                   CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string'
+                                                   THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
+                   WHERE lower(e.key) NOT IN ('host', 'content-type', 'content-length', 'connection',
+                                              'transfer-encoding', 'expect', 'upgrade', 'te', 'trailer',
+                                              'keep-alive', 'proxy-connection', 'user-agent')
+                     AND lower(e.key) NOT LIKE 'pgmb-%' AND lower(e.key) NOT LIKE 'webhook-%'
+                     AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
+                     AND v.value ~ '^[\x20-\x7e]*$'), '{}')
+            || jsonb_build_object(
+                   'Content-Type', 'application/json',
+                   'pgmb-message-id', c.message_id::text,
+                   'pgmb-routing-key', c.routing_key,
+                   'pgmb-queue', c.queue,
+                   'pgmb-attempt', c.attempt::text)
+            || CASE WHEN coalesce(c.secret, '') = '' THEN '{}'::jsonb ELSE jsonb_build_object(
+                   'webhook-id', c.message_id::text,
+                   'webhook-timestamp', unix_time::text,
+                   'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
+                       pgmb.secret_key(c.secret),
+                       convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
+               END
+            ORDER BY c.ordinality)
+    INTO built
+    FROM unnest(requests) WITH ORDINALITY AS c;
+    RETURN built;
+END $$;

@@ -1,0 +1,386 @@
+-- Publishing: the SQL API (pgmb.send and its shorter forms, pgmb.worker, pgmb.create), the
+-- message options (priority, groups, dependencies, de-duplication, per-message retries),
+-- holding and releasing waiting deliveries, and waking dispatchers. The routing itself is
+-- the route_messages trigger of pgmb_message (pgmb/sql/queries/triggers.sql).
+
+-- Called by the routing trigger after a statement that created deliveries: a NOTIFY on
+-- channel pgmb, at commit, when some running dispatcher or pull consumer waits for one
+-- (or under an isolation level where the check could miss one). The setting pgmb.notify =
+-- off turns it off for bulk loads.
+CREATE OR REPLACE FUNCTION pgmb.wake_dispatchers() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('pgmb.notify', true), '') = 'off' THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR EXISTS (SELECT FROM pgmb_dispatcher d
+                  WHERE d.kind IN ('external', 'consumer') AND d.waiting IS NOT false
+                    -- A killed dispatcher's mark would make publishers notify for ever.
+                    AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) = 'running') THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+END $$;
+
+-- Why the options of a message are refused, or NULL. The same rules as
+-- pgmb.options.check_options in Python (tests/rules holds one table of cases for both).
+CREATE OR REPLACE FUNCTION pgmb.message_options_problem(
+    message_id uuid, priority integer, group_key text, depends_on uuid[], dedup_id text,
+    max_retries integer, retry_delay float8
+) RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    IF priority IS NULL OR priority NOT BETWEEN -32768 AND 32767 THEN
+        RETURN format('invalid priority %s: it must be a whole number from -32768 to 32767 (lower goes first)',
+                      coalesce(priority::text, 'NULL'));
+    END IF;
+    IF group_key IS NOT NULL AND (length(group_key) > 128 OR NOT pgmb.valid_key(group_key)) THEN
+        RETURN format('invalid group %s: 1 to 128 characters, no blanks or control characters',
+                      quote_literal(group_key));
+    END IF;
+    IF dedup_id IS NOT NULL AND (length(dedup_id) > 128 OR NOT pgmb.valid_key(dedup_id)) THEN
+        RETURN format('invalid dedup id %s: 1 to 128 characters, no blanks or control characters',
+                      quote_literal(dedup_id));
+    END IF;
+    IF max_retries IS NOT NULL AND max_retries NOT BETWEEN 0 AND 1000000 THEN
+        RETURN format('invalid max_retries %s: it must be from 0 to 1000000', max_retries);
+    END IF;
+    IF retry_delay IS NOT NULL THEN
+        -- The delay rule (pgmb.check_delay), and at most the 30 days of a queue's backoff.
+        IF retry_delay = 'NaN'::float8 OR retry_delay IN ('Infinity'::float8, '-Infinity'::float8)
+           OR retry_delay < 0 OR retry_delay > 2592000 THEN
+            RETURN format('invalid retry delay %s: it must be from 0 to 2592000 seconds (30 days)', retry_delay);
+        END IF;
+    END IF;
+    IF depends_on IS NOT NULL THEN
+        IF cardinality(depends_on) = 0 OR cardinality(depends_on) > 100 THEN
+            RETURN 'invalid depends_on: name 1 to 100 messages (or none at all: NULL)';
+        END IF;
+        IF array_position(depends_on, NULL) IS NOT NULL THEN
+            RETURN 'invalid depends_on: a message id is NULL';
+        END IF;
+        IF message_id = ANY (depends_on) THEN
+            RETURN format('invalid depends_on: message %s cannot depend on itself', message_id);
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Raises the problem pgmb.message_options_problem finds in a message's options (as
+-- invalid_parameter_value); true otherwise.
+CREATE OR REPLACE FUNCTION pgmb.check_message_options(
+    message_id uuid, priority integer, group_key text, depends_on uuid[], dedup_id text,
+    max_retries integer, retry_delay float8
+) RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    problem text := pgmb.message_options_problem(message_id, priority, group_key, depends_on,
+                                                 dedup_id, max_retries, retry_delay);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN true;
+END $$;
+
+-- The message a duplicate was dropped for: the newest with this dedup id.
+CREATE OR REPLACE FUNCTION pgmb.deduplicated(dedup_id text) RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT m.id FROM pgmb_message m WHERE m.dedup_id = deduplicated.dedup_id
+    ORDER BY m.created_at DESC, m.id DESC LIMIT 1
+$$;
+
+-- Before each message with dependencies or a de-duplication id is stored (the admit_message
+-- trigger's WHEN): enforces the options rule (as the check pgmb_message_options_valid,
+-- with that name), refuses unknown dependencies, and returns NULL (the row is not stored)
+-- for a duplicate: a message with the same dedup id published within the dedup window of a
+-- queue that this one's routing key matches (the longest window of those queues; the
+-- candidate queues found by their tags). Rows published earlier in the same statement are
+-- visible here.
+CREATE OR REPLACE FUNCTION pgmb.admit_message(m pgmb_message) RETURNS pgmb_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing uuid;
+    window_seconds float8;
+    problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
+                                                 m.dedup_id, m.max_retries, m.retry_delay);
+BEGIN
+    -- What the CHECK pgmb_message_options_valid enforced until 0026, with its name and code.
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_options_valid';
+    END IF;
+    IF m.depends_on IS NOT NULL THEN
+        SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
+        WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
+                USING ERRCODE = 'foreign_key_violation',
+                      HINT = 'Publish the messages it depends on first (earlier in the same batch is fine).';
+        END IF;
+    END IF;
+    IF m.dedup_id IS NOT NULL THEN
+        -- Concurrent publishers of one dedup id take turns; the second sees the first.
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgmb dedup ' || m.dedup_id, 0));
+        SELECT max(q.dedup_window) INTO window_seconds FROM pgmb_queue q
+        WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key)
+          AND ('.' || m.routing_key) ~ q.pattern;
+        IF window_seconds > 0 AND EXISTS (
+            SELECT FROM pgmb_message x
+            WHERE x.dedup_id = m.dedup_id AND x.id <> m.id
+              AND x.created_at > coalesce(m.created_at, now()) - window_seconds * interval '1 second') THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN m;
+END $$;
+
+-- Whether a delivery must wait: an earlier live delivery of its group on its queue, or a
+-- dependency with a live delivery or a dead letter anywhere.
+CREATE OR REPLACE FUNCTION pgmb.delivery_blocked(delivery_id bigint, queue_id uuid, group_key text, depends_on uuid[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT (group_key IS NOT NULL AND EXISTS (
+                SELECT FROM pgmb_delivery h
+                WHERE h.queue_id = delivery_blocked.queue_id AND h.group_key = delivery_blocked.group_key
+                  AND h.id < delivery_id))
+        OR (depends_on IS NOT NULL AND (
+                EXISTS (SELECT FROM pgmb_delivery x WHERE x.message_id = ANY (delivery_blocked.depends_on))
+                OR EXISTS (SELECT FROM pgmb_dead_letter x
+                           WHERE x.message_id = ANY (delivery_blocked.depends_on))))
+$$;
+
+-- Before each delivery with a group or dependencies is stored: 'waiting' if it must wait.
+-- The locks make a concurrent settlement of what it waits for either finish first (then
+-- it is seen gone here) or wait for this transaction (then its trigger sees this row).
+CREATE OR REPLACE FUNCTION pgmb.hold_delivery(d pgmb_delivery) RETURNS pgmb_delivery
+LANGUAGE plpgsql AS $$
+DECLARE
+    previous bigint;
+BEGIN
+    IF d.group_key IS NOT NULL THEN
+        -- Publishers of one group take turns, so two cannot both start an empty group.
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgmb group ' || d.queue_id || ' ' || d.group_key, 0));
+        LOOP
+            SELECT p.id INTO previous FROM pgmb_delivery p
+            WHERE p.queue_id = d.queue_id AND p.group_key = d.group_key AND p.id < d.id
+            ORDER BY p.id DESC LIMIT 1
+            FOR KEY SHARE;
+            -- Nothing locked: the group is empty, or its last member left meanwhile.
+            EXIT WHEN FOUND OR NOT EXISTS (
+                SELECT FROM pgmb_delivery p
+                WHERE p.queue_id = d.queue_id AND p.group_key = d.group_key AND p.id < d.id);
+        END LOOP;
+    END IF;
+    IF d.depends_on IS NOT NULL THEN
+        -- Marks (and so locks) the dependencies' live deliveries: their removal releases
+        -- this one (the AFTER DELETE trigger fires for marked rows only).
+        UPDATE pgmb_delivery x SET dependents = true
+        WHERE x.message_id = ANY (d.depends_on) AND x.id <> d.id;
+    END IF;
+    IF pgmb.delivery_blocked(d.id, d.queue_id, d.group_key, d.depends_on) THEN
+        d.state := 'waiting';
+    END IF;
+    RETURN d;
+END $$;
+
+-- Whether some waiting delivery depends on this message (requeue and replay mark the
+-- deliveries they create, as hold_delivery marks the ones that exist).
+CREATE OR REPLACE FUNCTION pgmb.has_dependents(message_id uuid) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT FROM pgmb_delivery w
+                   WHERE w.depends_on @> ARRAY[has_dependents.message_id] AND w.state = 'waiting')
+$$;
+
+-- Make these waiting deliveries ready where nothing holds them any more.
+CREATE OR REPLACE FUNCTION pgmb.promote_waiting(delivery_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    candidate bigint;
+    promoted integer := 0;
+BEGIN
+    FOR candidate IN SELECT DISTINCT c FROM unnest(delivery_ids) AS c WHERE c IS NOT NULL ORDER BY c LOOP
+        -- Locked first, judged in the next statement: two settlements that each release
+        -- half of its conditions take turns, and the second sees the first's.
+        PERFORM FROM pgmb_delivery w WHERE w.id = candidate AND w.state = 'waiting' FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE pgmb_delivery w SET state = 'ready'
+        WHERE w.id = candidate AND w.state = 'waiting'
+          AND NOT pgmb.delivery_blocked(w.id, w.queue_id, w.group_key, w.depends_on);
+        IF FOUND THEN
+            promoted := promoted + 1;
+        END IF;
+    END LOOP;
+    IF promoted > 0 THEN
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+    RETURN promoted;
+END $$;
+
+-- After a dead letter leaves (purged, requeued, its queue deleted): the deliveries that
+-- depend on its message (a requeued dependency is live again and keeps them waiting).
+CREATE OR REPLACE FUNCTION pgmb.release_dependents(message_id uuid) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pgmb.promote_waiting(ARRAY(
+        SELECT w.id FROM pgmb_delivery w
+        WHERE w.depends_on @> ARRAY[release_dependents.message_id] AND w.state = 'waiting'))
+$$;
+
+-- After a delivery with a group or dependents leaves the hot table (acked, dead-lettered,
+-- its queue deleted): its group's new head, and the deliveries that depend on its message.
+CREATE OR REPLACE FUNCTION pgmb.release_after(d pgmb_delivery) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgmb.promote_waiting(
+        ARRAY(SELECT h.id FROM pgmb_delivery h
+              WHERE d.group_key IS NOT NULL AND h.queue_id = d.queue_id AND h.group_key = d.group_key
+              ORDER BY h.id LIMIT 1)
+        || ARRAY(SELECT w.id FROM pgmb_delivery w
+                 WHERE d.dependents AND w.depends_on @> ARRAY[d.message_id] AND w.state = 'waiting'));
+END $$;
+
+-- The SQL API of publishing: pgmb.send(id, routing_key, body, headers, delay, priority =>,
+-- group_key =>, depends_on =>, dedup_id =>, max_retries =>, retry_delay =>), which every
+-- shorter form calls. Acts for its caller (SECURITY DEFINER, set at the end of this file):
+-- the caller needs pgmb_producer. Returns the message's id, or for a duplicate the id of
+-- the message it duplicates.
+CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    stored uuid;
+BEGIN
+    -- Access control (0021): the inlined test first, pgmb.require only to refuse with its
+    -- message (two SECURITY DEFINER calls cost more than the rest of the checks).
+    IF NOT pgmb.may_publish() THEN
+        PERFORM pgmb.require('publish');
+    END IF;
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'a message id is required' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass gen_random_uuid() for a new id.';
+    END IF;
+    -- The rule inline (a simple expression); pgmb.check_routing_key only to say what is wrong.
+    IF NOT coalesce(pgmb.valid_routing_key(routing_key), false) THEN
+        PERFORM pgmb.check_routing_key(routing_key);
+    END IF;
+    IF body IS NULL THEN
+        RAISE EXCEPTION 'a message body is required (JSON null is ''null''::jsonb)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'message headers must be a JSON object, not %', jsonb_typeof(headers)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Only with options: the plain calls of the shorter forms skip the call.
+    IF send.priority IS DISTINCT FROM 0 OR send.group_key IS NOT NULL OR send.depends_on IS NOT NULL
+       OR send.dedup_id IS NOT NULL OR send.max_retries IS NOT NULL OR send.retry_delay IS NOT NULL THEN
+        PERFORM pgmb.check_message_options(send.id, send.priority, send.group_key, send.depends_on,
+                                           send.dedup_id, send.max_retries, send.retry_delay);
+    END IF;
+    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
+                              group_key, depends_on, dedup_id, max_retries, retry_delay)
+    VALUES (send.id, send.routing_key, send.body, coalesce(send.headers, '{}'), now(),
+            greatest(coalesce(send.delay, now()), now()), send.priority, send.group_key,
+            send.depends_on, send.dedup_id, send.max_retries, send.retry_delay)
+    -- A taken id is found by the insert itself: no probe of the key before it. No row comes
+    -- back for a taken id or for a duplicate that pgmb.admit_message dropped.
+    ON CONFLICT ON CONSTRAINT pgmb_message_pkey DO NOTHING
+    RETURNING pgmb_message.id INTO stored;
+    IF stored IS NULL AND EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
+        RAISE EXCEPTION 'message % already exists', send.id
+            USING ERRCODE = 'unique_violation',
+                  HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
+    END IF;
+    RETURN coalesce(stored, pgmb.deduplicated(send.dedup_id));
+END $$;
+
+-- pgmb.send with a delay in whole seconds (checked by pgmb.check_delay).
+CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay integer)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pgmb.send(id, routing_key, body, headers,
+                     now() + make_interval(secs => coalesce(pgmb.check_delay(delay), 0)));
+END $$;
+
+-- pgmb.send with headers, due now.
+CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb)
+RETURNS uuid
+LANGUAGE sql
+AS $$ SELECT pgmb.send(id, routing_key, body, headers, NULL::timestamptz) $$;
+
+-- pgmb.send of a body alone, due now.
+CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb)
+RETURNS uuid
+LANGUAGE sql
+AS $$ SELECT pgmb.send(id, routing_key, body, NULL::jsonb, NULL::timestamptz) $$;
+
+-- The messages among these that no queue got: no binding matched their routing key when
+-- they were published (routing happens once, at publish time).
+CREATE OR REPLACE FUNCTION pgmb.unrouted(message_ids uuid[]) RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+    SELECT u.id FROM unnest(message_ids) WITH ORDINALITY AS u(id, n)
+    WHERE EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = u.id)
+      AND NOT EXISTS (SELECT 1 FROM pgmb_delivery d WHERE d.message_id = u.id)
+      AND NOT EXISTS (SELECT 1 FROM pgmb_dead_letter x WHERE x.message_id = u.id)
+      AND NOT EXISTS (SELECT 1 FROM pgmb_attempt a WHERE a.message_id = u.id)
+    ORDER BY u.n
+$$;
+
+-- Registers a worker (an HTTP endpoint and its rate limit); returns its id.
+CREATE OR REPLACE FUNCTION pgmb.worker(name text, endpoint text, rps integer) RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    new_id uuid;
+BEGIN
+    -- Checked before the INSERT so an over-long name gets this message, not a varchar error.
+    PERFORM pgmb.check_name('worker', worker.name);
+    IF EXISTS (SELECT 1 FROM pgmb_worker w WHERE w.name = worker.name) THEN
+        RAISE EXCEPTION 'worker % already exists', quote_literal(worker.name)
+            USING ERRCODE = 'unique_violation';
+    END IF;
+    INSERT INTO pgmb_worker (name, endpoint, rps) VALUES (worker.name, worker.endpoint, worker.rps)
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END $$;
+
+-- Creates a queue; the documented argument order: (name, binding_key, max_retries,
+-- worker_id). worker_id NULL makes a pull queue; an unknown worker id is an error.
+-- Returns the queue's id.
+CREATE OR REPLACE FUNCTION pgmb.create(name text, binding_key text, max_retries integer, worker_id uuid)
+RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE
+    new_id uuid;
+BEGIN
+    PERFORM pgmb.check_name('queue', $1);
+    PERFORM pgmb.compile_binding($2);
+    IF worker_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pgmb_worker w WHERE w.id = worker_id) THEN
+        RAISE EXCEPTION 'unknown worker id %', worker_id
+            USING ERRCODE = 'foreign_key_violation',
+                  HINT = 'Register the worker first: SELECT pgmb.worker(name, endpoint, rps); or pass NULL for a pull queue.';
+    END IF;
+    INSERT INTO pgmb_queue (name, binding_key, pattern, worker_id, max_retries)
+    VALUES ($1, $2, '', $4, $3)  -- "create" is a keyword, so no create.name
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END $$;
+
+-- The order the seed's Quick Start uses: (name, binding_key, worker_id, max_retries).
+CREATE OR REPLACE FUNCTION pgmb.create(name text, binding_key text, worker_id uuid, max_retries integer)
+RETURNS uuid
+LANGUAGE sql
+AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id) $$;
+
+-- pgmb.send acts for its caller, with the tables' schema fixed and pg_temp last (see
+-- access.sql): a producer role needs pgmb_producer, no privilege on the tables.
+DO $$
+DECLARE
+    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.oid = 'pgmb_message'::regclass);
+    f text;
+BEGIN
+    FOREACH f IN ARRAY ARRAY['pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'] LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+    END LOOP;
+END $$;

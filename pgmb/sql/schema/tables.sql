@@ -1,0 +1,180 @@
+-- What the pgmb_* tables hold beyond their Django models: database defaults for plain
+-- INSERTs, checks, the routing tags column and the indexes and statistics that Django
+-- cannot express. The trigger functions that keep a queue's or a worker's row consistent
+-- are here too; the triggers themselves are declared on the models (django-pgtrigger).
+
+-- Database defaults, so that producers writing rows in plain SQL need not name every
+-- column; the checks hold for every writer.
+ALTER TABLE pgmb_worker
+    ALTER COLUMN id SET DEFAULT gen_random_uuid(),
+    ALTER COLUMN secret SET DEFAULT '',
+    ALTER COLUMN active SET DEFAULT true,
+    ALTER COLUMN created_at SET DEFAULT now(),
+    ALTER COLUMN tokens SET DEFAULT 0,
+    ADD CONSTRAINT pgmb_worker_rps_positive CHECK (rps > 0),
+    ADD CONSTRAINT pgmb_worker_timeout_positive CHECK (timeout > 0),
+    ADD CONSTRAINT pgmb_worker_burst_positive CHECK (burst > 0),
+    ADD CONSTRAINT pgmb_worker_breaker_state
+        CHECK (breaker_state::text = ANY ('{closed,open,half_open}'::text[]));
+
+ALTER TABLE pgmb_queue
+    ALTER COLUMN id SET DEFAULT gen_random_uuid(),
+    ALTER COLUMN paused SET DEFAULT false,
+    ALTER COLUMN created_at SET DEFAULT now(),
+    ADD CONSTRAINT pgmb_queue_retries_not_negative CHECK (max_retries >= 0),
+    ADD CONSTRAINT pgmb_queue_backoff_valid CHECK (backoff_base >= 0 AND backoff_max >= backoff_base),
+    ADD CONSTRAINT pgmb_queue_lease_positive CHECK (lease_seconds > 0),
+    -- A queue's lease and backoff are at most 30 days: no stored value stops a loop.
+    ADD CONSTRAINT pgmb_queue_durations_bounded
+        CHECK (lease_seconds <= 2592000 AND backoff_base <= 2592000 AND backoff_max <= 2592000),
+    ADD CONSTRAINT pgmb_queue_dedup_window_valid
+        CHECK (dedup_window >= 0 AND dedup_window <= 2592000);
+
+-- A queue's binding tags (pgmb.binding_tags of its binding key, kept by pgmb.prepare_queue):
+-- the routing trigger takes to the regex only the queues whose tags are all tags of the key,
+-- and with many queues finds them through this GIN index. fastupdate off: a new queue's
+-- entries go straight into the index, so no publish pays for merging a pending list.
+ALTER TABLE pgmb_queue ADD COLUMN IF NOT EXISTS binding_tags text[] NOT NULL DEFAULT '{}';
+CREATE INDEX IF NOT EXISTS pgmb_queue_binding_tags ON pgmb_queue USING gin (binding_tags)
+    WITH (fastupdate = off);
+
+ALTER TABLE pgmb_message
+    ALTER COLUMN id SET DEFAULT pgmb.uuid_v7(),
+    ALTER COLUMN headers SET DEFAULT '{}',
+    ALTER COLUMN created_at SET DEFAULT now(),
+    ALTER COLUMN available_at SET DEFAULT now(),
+    ADD CONSTRAINT pgmb_message_headers_object CHECK (jsonb_typeof(headers) = 'object');
+
+ALTER TABLE pgmb_delivery
+    ALTER COLUMN state SET DEFAULT 'ready',
+    ALTER COLUMN attempts SET DEFAULT 0,
+    ALTER COLUMN last_error SET DEFAULT '',
+    ALTER COLUMN created_at SET DEFAULT now(),
+    -- Written as the catalog prints it back, so that a dump of the schema loads unchanged.
+    ADD CONSTRAINT pgmb_delivery_state_valid CHECK (state::text = ANY ('{ready,leased,waiting}'::text[]));
+
+ALTER TABLE pgmb_dead_letter
+    ALTER COLUMN last_error SET DEFAULT '',
+    ALTER COLUMN created_at SET DEFAULT now();
+
+ALTER TABLE pgmb_attempt
+    ALTER COLUMN error SET DEFAULT '',
+    ALTER COLUMN created_at SET DEFAULT now();
+
+ALTER TABLE pgmb_statistics
+    -- Immutable (AT TIME ZONE 'UTC', not the session's zone): an hour bucket is the same
+    -- whatever the writer's time zone.
+    ADD CONSTRAINT pgmb_statistics_whole_hour
+        CHECK (date_trunc('hour', hour AT TIME ZONE 'UTC') = hour AT TIME ZONE 'UTC'),
+    ADD CONSTRAINT pgmb_statistics_counts
+        CHECK (delivered >= 0 AND failed >= 0 AND attempts = delivered + failed
+               AND retried >= 0 AND dead_lettered >= 0 AND expired >= 0
+               AND retried + dead_lettered + expired <= failed),
+    ADD CONSTRAINT pgmb_statistics_top_errors_array CHECK (jsonb_typeof(top_errors) = 'array');
+
+-- 'order' and 'order_queue' would both own the view pgmb.order_queue.
+CREATE UNIQUE INDEX IF NOT EXISTS pgmb_queue_view_base ON pgmb_queue (pgmb.view_base(name));
+
+-- A group's members in publish order (its head first); rows without a group are not in it.
+CREATE INDEX IF NOT EXISTS pgmb_delivery_group ON pgmb_delivery (queue_id, group_key, id)
+    WHERE group_key IS NOT NULL;
+
+-- Waiting deliveries by queue (the admin's queue filter); only waiting rows are in it.
+CREATE INDEX IF NOT EXISTS pgmb_delivery_waiting ON pgmb_delivery (queue_id, id) WHERE state = 'waiting';
+
+-- The waiting dependents of a message.
+CREATE INDEX IF NOT EXISTS pgmb_delivery_depends_on ON pgmb_delivery USING gin (depends_on)
+    WHERE depends_on IS NOT NULL;
+
+-- Recent messages of a de-duplication id.
+CREATE INDEX IF NOT EXISTS pgmb_message_dedup ON pgmb_message (dedup_id, created_at)
+    WHERE dedup_id IS NOT NULL;
+
+-- Workers with a breaker: outcome writers look here first and, with none, do nothing else.
+CREATE INDEX IF NOT EXISTS pgmb_worker_breaker ON pgmb_worker (id)
+    WHERE breaker_failures > 0 OR breaker_rate IS NOT NULL;
+
+-- An acknowledgement has a 2xx status, a failure has not: without the joint statistics
+-- the planner multiplies the two conditions of "5xx failures" as if they were unrelated,
+-- expects a tenth of the rows and counts them (or plans for a few) where there are many.
+-- (In schema pgmb, with pgmb's other objects that are not Django's.)
+CREATE STATISTICS IF NOT EXISTS pgmb.attempt_outcome_status (mcv)
+    ON outcome, status_code FROM pgmb_attempt;
+
+-- ==== the trigger functions of pgmb_worker and pgmb_queue ====
+
+-- The BEFORE INSERT OR UPDATE trigger function of pgmb_worker: the name, endpoint, rate,
+-- timeout and secret rules for every writer (an unchanged endpoint or secret stays
+-- accepted), then the circuit breaker's settings (pgmb.check_breaker).
+CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    problem text;
+BEGIN
+    PERFORM pgmb.check_name('worker', w.name);
+    IF (w.endpoint IS NULL
+        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
+        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(w.endpoint), w.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The endpoint must be an http:// or https:// URL without blanks.';
+    END IF;
+    IF w.rps IS NULL OR w.rps <= 0 THEN
+        RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.timeout IS NULL OR w.timeout <= 0 THEN
+        RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    problem := pgmb.secret_problem(w.secret);
+    IF problem IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
+        RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use whsec_ and base64 (padded or not), or a text without control characters.';
+    END IF;
+    w := pgmb.check_breaker(w);
+    RETURN w;
+END $_$;
+
+-- The BEFORE INSERT OR UPDATE trigger function of pgmb_queue: checks the name (and that
+-- no other queue would own its views), compiles the binding key into the pattern and the
+-- binding tags, and checks the retry, backoff and lease settings.
+CREATE OR REPLACE FUNCTION pgmb.prepare_queue(q pgmb_queue) RETURNS pgmb_queue
+LANGUAGE plpgsql AS $$
+DECLARE
+    other text;
+BEGIN
+    PERFORM pgmb.check_name('queue', q.name);
+    SELECT name INTO other FROM pgmb_queue
+    WHERE pgmb.view_base(name) = pgmb.view_base(q.name) AND id <> q.id;
+    IF FOUND AND other = q.name THEN
+        RAISE EXCEPTION 'queue % already exists', quote_literal(other) USING ERRCODE = 'unique_violation';
+    ELSIF FOUND THEN
+        RAISE EXCEPTION 'queue name % clashes with queue %', quote_literal(q.name), quote_literal(other)
+            USING ERRCODE = 'unique_violation',
+                  DETAIL = format('Both would own the view pgmb.%I.', pgmb.view_base(q.name) || '_queue');
+    END IF;
+    q.pattern := pgmb.compile_binding(q.binding_key);
+    q.binding_tags := pgmb.binding_tags(q.binding_key);
+    IF q.max_retries IS NULL OR q.max_retries < 0 THEN
+        RAISE EXCEPTION 'invalid max_retries % for queue %: it must be 0 or more', q.max_retries, q.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF q.backoff_base < 0 OR q.backoff_max < q.backoff_base THEN
+        RAISE EXCEPTION 'invalid backoff for queue %: need 0 <= base (%) <= cap (%)', q.name, q.backoff_base, q.backoff_max
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF q.lease_seconds <= 0 THEN
+        RAISE EXCEPTION 'invalid lease for queue %: it must be positive', q.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- NaN compares above every number here, so these also refuse it.
+    IF q.lease_seconds > 2592000 OR q.backoff_base > 2592000 OR q.backoff_max > 2592000 THEN
+        RAISE EXCEPTION 'invalid durations for queue %: the lease and the backoff may be at most 30 days (2592000 s)', q.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN q;
+END $$;

@@ -11,12 +11,13 @@ PY := $(VENV)/bin/python
 DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chromium \
 	libpostgresql-jdbc-java valgrind openssl
 
-.PHONY: help deps venv test demo bench lint clean
+.PHONY: help deps venv test demo bench lint schema clean
 
 help:
 	@echo "make demo   bring up a local PostgreSQL, migrate the example project, publish and serve the admin"
 	@echo "make test   install what the tests need, start a throwaway PostgreSQL, run the suite, stop it"
 	@echo "make bench  run the benchmarks in bench/ against a throwaway PostgreSQL"
+	@echo "make schema copy pgmb/sql/schema/ into the unreleased migration's frozen SQL files"
 	@echo "make lint   ruff and mypy"
 
 deps:
@@ -38,6 +39,9 @@ demo: deps venv
 
 bench: deps venv
 	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/instructions.py --against 0020 && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
+
+schema: venv
+	$(VENV)/bin/python scripts/freeze_schema.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

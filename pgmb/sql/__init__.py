@@ -5,10 +5,10 @@
 * ``schema/*.sql`` are the current schema, by concern, loaded in the order of
   :data:`SCHEMA` (then :data:`PLPYTHON` where the language exists): everything pgmb keeps
   in the database besides its Django models. Edited by hand; the source to read.
-* ``migrations/NNNN_*.sql`` are the versioned scripts that migrations run (with
-  :mod:`pgmb.sql.operations`); a released one is never edited, a change is a new file.
-  ``tests/migrations`` checks that the migrations build what the models and ``schema/``
-  describe.
+* ``migrations/NNNN_*.sql`` are what each release's one migration runs (with
+  :mod:`pgmb.sql.operations`): frozen copies of ``schema/`` (``make schema`` refreshes the
+  unreleased one's), never edited once released. ``tests/migrations`` checks that all the
+  migrations build what the models and ``schema/`` describe.
 """
 
 from __future__ import annotations

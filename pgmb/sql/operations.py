@@ -1,7 +1,8 @@
 """The migration operations that run pgmb's versioned SQL files.
 
-Each ``pgmb/sql/migrations/NNNN_*.sql`` file is run by exactly one Django migration, through
-one of these operations, and is never edited once released: upgrading a database runs the
+Each release has one migration (docs/decisions/0040-one-migration-per-release.md), and its
+``pgmb/sql/migrations/NNNN_*.sql`` files are run by that migration alone, through these
+operations; once the release is cut they are never edited: upgrading a database runs the
 very files it missed, in order (``tests/migrations`` checks both rules).
 """
 
@@ -33,15 +34,13 @@ class RunPlpythonSQL(migrations.RunPython):
 
     The file defines functions in ``LANGUAGE plpython3u``: without the language, migrating
     still succeeds and the system checks say what the in-database path lacks. Migrating
-    back runs ``<name>.down.sql`` where the language is installed, if there is one (it puts
-    back the functions' earlier versions), then, with ``restores``, that earlier migration's
-    file again (a released file puts its own functions back, no copy of them needed); without
-    either, the reverse of the migration that created schema ``pgmb`` drops the functions.
+    back runs ``<name>.down.sql`` where the language is installed, if there is one (a later
+    release's file puts its previous release's functions back); without one, the reverse of
+    the migration that created schema ``pgmb`` drops the functions with the schema.
     """
 
-    def __init__(self, name: str, restores: str | None = None) -> None:
+    def __init__(self, name: str) -> None:
         self.sql_name = name
-        self.restores = restores
         super().__init__(self._forward, self._backward)
 
     def _forward(self, apps: Any, schema_editor: Any) -> None:
@@ -53,18 +52,14 @@ class RunPlpythonSQL(migrations.RunPython):
     def _backward(self, apps: Any, schema_editor: Any) -> None:
         from .. import indb
 
-        if not has_down_script(self.sql_name) and self.restores is None:
+        if not has_down_script(self.sql_name):
             return
         with schema_editor.connection.cursor() as cursor:
             if indb.capabilities(cursor).plpython_installed:
-                if has_down_script(self.sql_name):
-                    cursor.execute(migration_script(self.sql_name, down=True))
-                if self.restores is not None:
-                    cursor.execute(migration_script(self.restores))
+                cursor.execute(migration_script(self.sql_name, down=True))
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        kwargs = {} if self.restores is None else {"restores": self.restores}
-        return f"{__name__}.{type(self).__qualname__}", [self.sql_name], kwargs
+        return f"{__name__}.{type(self).__qualname__}", [self.sql_name], {}
 
     def describe(self) -> str:
         return f"Run pgmb/sql/migrations/{self.sql_name}.sql where PL/Python is available"

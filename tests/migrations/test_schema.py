@@ -16,6 +16,7 @@ from django.db.migrations.loader import MigrationLoader
 from pgmb.sql import PLPYTHON, SCHEMA
 from pgmb.sql.operations import RunMigrationSQL, RunPlpythonSQL
 from tests.migrations.conftest import build_from_source
+from tests.migrations.releases import FROZEN, RELEASED, UNRELEASED, frozen
 
 FINGERPRINT = (Path(__file__).parent / "fingerprint.sql").read_text()
 SQL_DIR = resources.files("pgmb.sql")
@@ -68,16 +69,6 @@ def test_every_object_of_the_source_says_what_it_is_for():
     assert bare == [], "objects without a comment above them:\n" + "\n".join(bare)
 
 
-#: Where today's migrations build another catalog than the source: rows of the fingerprint,
-#: on the migrations' side. The pgmb_durations_bounded check was added NOT VALID to spare
-#: upgraded tables a scan (the source validates it); the failed-attempts index was created
-#: by SQL with `<>` (the model's condition, ~Q(outcome="ack"), prints as NOT (... = ...)).
-TODAY_ONLY = {
-    "constraint | pgmb_queue.pgmb_queue_durations_bounded",
-    "index | pgmb_attempt_failed",
-}
-
-
 @pytest.mark.django_db
 def test_the_migrations_build_what_the_models_and_the_source_describe(scratch):
     with connection.cursor() as cursor:
@@ -86,13 +77,23 @@ def test_the_migrations_build_what_the_models_and_the_source_describe(scratch):
         build_from_source(info["dbname"])
         with psycopg.connect(**info, autocommit=True) as conn, conn.cursor() as cursor:
             from_source = _fingerprint(cursor)
-    differ = [
-        line
-        for line in difflib.unified_diff(from_source, migrated, lineterm="", n=0)
-        if line[:1] in "+-" and line[:3] not in ("+++", "---")
-    ]
-    unexplained = [line for line in differ if not line[1:].startswith(tuple(TODAY_ONLY))]
-    assert not unexplained, (
-        "pgmb/sql/schema/ and the migrations differ:\n" + "\n".join(unexplained)[:4000]
+    diff = "\n".join(
+        difflib.unified_diff(from_source, migrated, "source", "migrations", lineterm="", n=0)
     )
+    # After a release, a change to the source fails here until the next release's migration
+    # makes the same change: models plus source against all migrations, whatever their number.
+    assert not diff, f"the models plus pgmb/sql/schema/ and the migrations differ:\n{diff[:4000]}"
     assert len(migrated) > 100  # the comparison saw the schema, not two empty lists
+
+
+@pytest.mark.skipif(UNRELEASED in RELEASED, reason="the release is cut: its copies are frozen")
+def test_the_unreleased_migration_runs_the_source_as_it_is():
+    for filename in FROZEN:
+        copy = SQL_DIR.joinpath(f"migrations/{filename}").read_text(encoding="utf-8")
+        assert copy == frozen(filename), f"pgmb/sql/migrations/{filename} is stale: make schema"
+
+
+def test_a_migration_per_release():
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    names = sorted(name for app, name in loader.disk_migrations if app == "pgmb")
+    assert names == sorted({*RELEASED, UNRELEASED}), "one migration per release (decision 0040)"

@@ -1,6 +1,7 @@
-"""Upgrades never break: a database migrated to the first migration and filled with live
-deliveries (ready, delayed, leased, dead) is migrated to the newest one and delivers all
-of them, through both dispatch paths, with its schema equal to a fresh install's."""
+"""Upgrades never break: a database migrated to a previous release's last migration and
+filled with live deliveries (ready, delayed, leased, dead) through the SQL API is migrated
+to the newest one and delivers all of them, through both dispatch paths, with its schema
+equal to a fresh install's. One run per previous release (tests/migrations/releases.py)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,24 @@ from django.db import connection
 from pgmb import deliveries
 from pgmb.dispatch.engine import Dispatcher, Options
 from tests.migrations.conftest import manage
+from tests.migrations.releases import RELEASED
 from tests.waiting import wait_until
 
 FINGERPRINT = (Path(__file__).parent / "fingerprint.sql").read_text()
 KEY = b"upgrade-secret-key-0123456789"
 SECRET = "whsec_" + base64.b64encode(KEY).decode()
-FIRST = "0001_initial"
+PREVIOUS = RELEASED or [
+    pytest.param(
+        None,
+        marks=pytest.mark.skip(
+            reason="no release before 0.1.0: upgrades are tested from 0.2 on, from 0.1.0"
+        ),
+    )
+]
 
 
-def _fill_at_first_migration(conn: psycopg.Connection, url: str) -> dict[str, uuid.UUID]:
-    """Live data written with the SQL API as the first migration shipped it."""
+def _fill(conn: psycopg.Connection, url: str) -> dict[str, uuid.UUID]:
+    """Live data written with the SQL API of 0.1.0, which later releases keep."""
     q = conn.execute
     [(worker,)] = q("SELECT pgmb.worker('upgrader', %s, 1000)", (url,)).fetchall()
     q("UPDATE pgmb_worker SET secret = %s", (SECRET,))
@@ -46,16 +55,21 @@ def _fill_at_first_migration(conn: psycopg.Connection, url: str) -> dict[str, uu
         q("SELECT pgmb.send(%s, %s, %s)", (ids[kind], f"{kind}.one", f'{{"kind": "{kind}"}}'))
     ids["delayed"] = uuid.uuid4()
     q("SELECT pgmb.send(%s, 'delayed.one', '{\"kind\": \"delayed\"}', NULL, 2)", (ids["delayed"],))
-    # 0001's claim took a burst argument; its fail, positional arrays.
-    [(leased,)] = q("SELECT count(*) FROM pgmb.claim(ARRAY['leased_queue'], 10, 1.0)").fetchall()
+    # A lease whose request started (pgmb.start) counts its attempt when it expires.
+    [(leased_id, leased_lease)] = q(
+        "SELECT delivery_id, lease_id FROM pgmb.claim(ARRAY['leased_queue'], 10)"
+    ).fetchall()
+    [(started,)] = q(
+        "SELECT pgmb.start(ARRAY[%s]::bigint[], ARRAY[%s]::uuid[])", (leased_id, leased_lease)
+    ).fetchall()
     [(dead_id, lease)] = q(
-        "SELECT delivery_id, lease_id FROM pgmb.claim(ARRAY['dead_queue'], 10, 1.0)"
+        "SELECT delivery_id, lease_id FROM pgmb.claim(ARRAY['dead_queue'], 10)"
     ).fetchall()
     q("SELECT pgmb.fail(ARRAY[%s]::bigint[], ARRAY[%s]::uuid[], ARRAY[500])", (dead_id, lease))
     states = dict(
         q("SELECT q.name, d.state FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id")
     )
-    assert leased == 1
+    assert started == 1
     assert states == {"ready_queue": "ready", "delayed_queue": "ready", "leased_queue": "leased"}
     assert q("SELECT count(*) FROM pgmb_dead_letter").fetchone() == (1,)
     return ids
@@ -71,14 +85,17 @@ def _verify(request) -> bool:
 
 
 @pytest.mark.django_db
-def test_a_database_full_of_live_deliveries_upgrades_and_delivers(scratch, recording_server):
+@pytest.mark.parametrize("previous", PREVIOUS)
+def test_a_database_full_of_live_deliveries_upgrades_and_delivers(
+    scratch, recording_server, previous
+):
     with scratch("pgmb_upgrade") as info, psycopg.connect(**info, autocommit=True) as conn:
-        manage(info["dbname"], "migrate", "pgmb", FIRST, "--noinput", "-v", "0")
-        ids = _fill_at_first_migration(conn, recording_server.url("/hook"))
+        manage(info["dbname"], "migrate", "pgmb", previous, "--noinput", "-v", "0")
+        ids = _fill(conn, recording_server.url("/hook"))
 
         manage(info["dbname"], "migrate", "pgmb", "--noinput", "-v", "0")
 
-        # Same schema as a fresh install (the test database): nothing of 0001 lingers.
+        # Same schema as a fresh install (the test database): nothing of the old one lingers.
         with connection.cursor() as cursor:
             cursor.execute(FINGERPRINT)
             fresh = cursor.fetchall()
@@ -114,8 +131,8 @@ def test_a_database_full_of_live_deliveries_upgrades_and_delivers(scratch, recor
             "leased.one": ["expired", "ack"],  # its lease from before the upgrade ran out
             "dead.one": ["dead", "ack"],
         }
-        # Leased by the old claim, which counted the attempt: its expiry after the upgrade
-        # is that attempt, and the delivery that followed is the second.
+        # Leased and started before the upgrade: its expiry after it is that attempt, and
+        # the delivery that followed is the second.
         assert conn.execute(
             "SELECT array_agg(a.attempt ORDER BY a.id) FROM pgmb_attempt a"
             " JOIN pgmb_message m ON m.id = a.message_id WHERE m.routing_key = 'leased.one'"

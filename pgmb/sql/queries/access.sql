@@ -1,4 +1,4 @@
--- Access control, as pgmb/access.py calls it (functions of migration 0021).
+-- Access control, as pgmb/access.py calls it (functions of schema/access.sql).
 
 -- name: grant_publish_access
 SELECT pgmb.grant_publish_access(role_name => %(role)s)

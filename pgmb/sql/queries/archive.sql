@@ -1,5 +1,5 @@
 -- The archive job (pgmb/pipeline/archive.py): runs in pgmb_archive_run, the messages each
--- has claimed in pgmb_archive_item (migration 0015). The driver runs these with psycopg;
+-- has claimed in pgmb_archive_item (pgmb.replay skips them). The driver runs these with psycopg;
 -- the two reads for Spark (messages_of_run, attempts_of_run) become JDBC subqueries with
 -- the run's id as a literal ({run}, rendered by pgmb.pipeline.jdbc).
 
@@ -21,7 +21,7 @@ RETURNING id, cutoff
 
 -- name: lock_claims
 -- Taken by each claim batch: a pgmb.replay in progress commits its deliveries first, and
--- none starts until the batch's claims are visible to it (migration 0015).
+-- none starts until the batch's claims are visible to it (pgmb.replay, schema/deliveries.sql).
 SELECT pg_advisory_xact_lock(pgmb.archive_lock_key('claim'))
 
 -- name: claim

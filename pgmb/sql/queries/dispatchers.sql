@@ -1,5 +1,5 @@
--- Dispatchers' registrations as pgmb/dispatchers.py calls them (functions of schema pgmb,
--- created by migrations/0008_dispatchers.sql).
+-- Dispatchers' registrations as pgmb/dispatchers.py calls them (the functions of
+-- schema/dispatchers.sql).
 
 -- name: start
 SELECT pgmb.dispatcher_start(kind => %(kind)s, host => %(host)s, pid => %(pid)s, queues => %(queues)s)

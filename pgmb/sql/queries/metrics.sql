@@ -1,4 +1,4 @@
--- Metrics for machines, as pgmb/metrics.py reads them: the functions of migration 0007.
+-- Metrics for machines, as pgmb/metrics.py reads them: the functions of schema/metrics.sql.
 
 -- name: queues
 SELECT m.queue_name, m.queue_length, m.queue_visible_length, m.newest_msg_age_sec,
@@ -20,7 +20,7 @@ SELECT m.queue_name, m.queue_length, m.queue_visible_length, m.newest_msg_age_se
 FROM pgmb.metrics(%(queue)s) AS m
 
 -- name: workers
--- With each worker's circuit breaker (migration 0022), read from its row in the same
+-- With each worker's circuit breaker (schema/breakers.sql), read from its row in the same
 -- statement: 'off' when neither limit is set.
 SELECT w.worker_name, w.active, w.requests_last_hour, w.successes_last_hour, w.success_rate,
        w.p95_latency_ms, w.last_success_at, w.last_error_status, w.last_error, w.last_error_at,

@@ -1,5 +1,5 @@
 -- Pull queues as pgmb/pull.py calls them: one statement per function of schema pgmb
--- (migration 0023), with named parameters.
+-- (schema/pull.sql), with named parameters.
 
 -- name: read
 SELECT * FROM pgmb.read(queue_name => %(queue)s, vt => %(vt)s::float8, qty => %(qty)s::integer,

@@ -1,4 +1,4 @@
--- Hourly statistics (pgmb_statistics, migrations/0012_statistics.sql): what the Spark
+-- Hourly statistics (pgmb_statistics, its checks in schema/tables.sql): what the Spark
 -- pipeline's stats job reads and writes (pgmb/pipeline/stats.py, with psycopg on the driver
 -- and Spark's JDBC source), and what pgmb/statistics.py reads for the dashboard.
 

@@ -22,9 +22,9 @@ END IF;
 RETURN NULL;
 
 -- name: route_messages
--- The statement's routing keys pass the key rule first (the CHECK pgmb_message_routing_key_valid
--- until migration 0029, whose expression PostgreSQL prepared again for every INSERT; here the
--- statement is planned once per session).
+-- The statement's routing keys pass the key rule first: here, not as a CHECK, whose
+-- expression PostgreSQL would prepare again for every INSERT; this statement is planned once
+-- per session.
 PERFORM pgmb.refuse_routing_key(m.routing_key) FROM new_messages AS m
 WHERE NOT pgmb.valid_routing_key(m.routing_key) LIMIT 1;
 -- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
@@ -41,12 +41,12 @@ SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m
 FROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,
              n.depends_on, row_number() OVER () AS place
       FROM new_messages AS n) AS m
--- The queues of each distinct key, decided once per key (0029): a batch's messages mostly
+-- The queues of each distinct key, decided once per key: a batch's messages mostly
 -- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which
 -- would compute the key's tags and test the queues once per message again.
 JOIN (SELECT k.routing_key, q.id AS queue_id
       FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k
-      -- The key's tags (pgmb.key_tags, migration 0028): OFFSET 0 keeps the subquery a step
+      -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step
       -- of its own, where inlined into the join condition a scan of a few queues would
       -- compute them once per queue.
       CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t

@@ -100,7 +100,7 @@ BEGIN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
         FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
         WHERE NOT qu.paused AND wk.active
-          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (0022)
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
           AND (queue_names IS NULL OR qu.name = ANY (queue_names))
           -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
           -- if not, one probe per further priority (pgmb.next_due).
@@ -123,7 +123,7 @@ BEGIN
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         tokens := least(floor(bucket)::integer, remaining);
-        -- Circuit breaker (0022): open, nothing; after its cool-down, one delivery (the probe).
+        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
         IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
         taken := 0;
         -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
@@ -198,7 +198,7 @@ CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DE
 DECLARE
     acked integer;
 BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (0022)
+    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
     ), done AS (
@@ -226,7 +226,7 @@ CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids
 DECLARE
     settled integer;
 BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (0022)
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
             AS u(id, lease_id, status, error, retry_after, duration_ms)

@@ -365,8 +365,8 @@ BEGIN
             CONTINUE;
         END IF;
         -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
-        -- Runs need 0031's PL/Python function, which a database given PL/Python by hand may
-        -- lack: then one request at a time, as before.
+        -- Runs need pgmb.post_run_via_plpython, which a database given PL/Python by hand may
+        -- lack: then one request at a time.
         transport := pgmb.http_transport();
         runs := transport = 'plpython3u'
                 AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '

@@ -32,7 +32,7 @@ KEPT = 64
 # the request went out. RemoteDisconnected is a ConnectionResetError.
 STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
-# 0031's pool (one connection an endpoint): closed, not carried over.
+# An older version's pool (one connection an endpoint): closed, not carried over.
 for old in (GD.pop("pgmb_connections", None) or {}).values():
     old.close()
 # GD lives as long as the backend, and one backend runs one loop: no locking.
@@ -183,8 +183,8 @@ def post(url, body, headers, timeout):
     """One POST: its outcome, as receive() gives it."""
     return receive(send(url, body, headers, timeout))
 
-# Named after this migration: a later version of these functions stores its own, so a
-# session that crosses an upgrade never runs the code of the one before.
+# Versioned names: a later version of these functions stores its own, so a session that
+# crosses an upgrade never runs the code of the one before.
 GD["pgmb_post_0033"] = post
 GD["pgmb_send_0033"] = send
 GD["pgmb_receive_0033"] = receive

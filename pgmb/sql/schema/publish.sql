@@ -105,7 +105,7 @@ DECLARE
     problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
                                                  m.dedup_id, m.max_retries, m.retry_delay);
 BEGIN
-    -- What the CHECK pgmb_message_options_valid enforced until 0026, with its name and code.
+    -- The options rule, reported as a check violation of pgmb_message_options_valid.
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem
             USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_options_valid';
@@ -251,7 +251,7 @@ CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, head
 DECLARE
     stored uuid;
 BEGIN
-    -- Access control (0021): the inlined test first, pgmb.require only to refuse with its
+    -- Access control (access.sql): the inlined test first, pgmb.require only to refuse with its
     -- message (two SECURITY DEFINER calls cost more than the rest of the checks).
     IF NOT pgmb.may_publish() THEN
         PERFORM pgmb.require('publish');

@@ -30,7 +30,7 @@ BEGIN
                   HINT = 'Clients read only from queues without a worker: pgmb.create(name, binding_key, max_retries, NULL).';
     END IF;
     -- Every entry point comes here first: a role may consume only the queues granted to it
-    -- (access control, 0021), and is refused before anything is read or written.
+    -- (access control, access.sql), and is refused before anything is read or written.
     IF NOT pgmb.may('consume', id) THEN
         PERFORM pgmb.require('consume', queue_name);
     END IF;

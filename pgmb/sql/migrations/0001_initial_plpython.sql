@@ -1,16 +1,25 @@
--- The PL/Python transport keeps up to 8 requests of a run in flight (docs/decisions.md,
--- "Windows of requests in the in-database loop"): it sends a window of requests, each on a
--- connection of its own, then reads their answers in order. Posting one request at a time,
--- the backend waited for every answer, and each wait cost it a wake-up; with a window, the
--- endpoint answers one request while the backend sends or reads another.
+-- What migration 0001_initial runs: a frozen copy of the files of pgmb/sql/schema/
+-- that pgmb.sql.PLPYTHON names, in its order.
+-- Written by `make schema` until its release is cut, never edited after: read and
+-- change pgmb/sql/schema/, and put a released schema's changes in the next
+-- release's migration (docs/decisions/0040-one-migration-per-release.md).
+
+-- ==== pgmb/sql/schema/plpython.sql ====
+-- The PL/Python transport of the in-database loop. Loaded only where plpython3u exists or
+-- can be created: without it, migrating succeeds, `manage.py check` says what the
+-- in-database path lacks, and `manage.py pgmb_cron install` loads this file once the
+-- language is there.
 --
--- Same functions, signatures and outcomes as 0031's. The transport's code is defined once,
--- by pgmb.load_plpython_transport, which keeps it in PL/Python's GD under keys named after
--- this migration: pgmb.post_via_plpython posts one request, pgmb.post_run_via_plpython a run
--- in windows. The connections are now kept in lists, several per endpoint, under a new GD
--- key; a session that crosses the upgrade closes the ones it kept the old way. Installed by
--- the migration only when plpython3u exists in this database; migrating back runs
--- 0031_plpython_runs.sql again.
+-- The transport keeps up to 8 requests of a run in flight (docs/decisions.md, "Windows of
+-- requests in the in-database loop"): it sends a window of requests, each on a connection of
+-- its own, then reads their answers in order, so the endpoint answers one request while the
+-- backend sends or reads another, instead of the backend waking up for every answer.
+
+-- Defines the transport's code once per session, in PL/Python's GD under keys that carry
+-- its version (a session that crosses an upgrade closes the connections it kept under an
+-- older version's keys): pgmb.post_via_plpython posts one request with it,
+-- pgmb.post_run_via_plpython a run in windows. Connections are kept in lists, several per
+-- endpoint.
 CREATE OR REPLACE FUNCTION pgmb.load_plpython_transport()
 RETURNS void
 LANGUAGE plpython3u AS $py$
@@ -30,7 +39,7 @@ KEPT = 64
 # the request went out. RemoteDisconnected is a ConnectionResetError.
 STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
-# 0031's pool (one connection an endpoint): closed, not carried over.
+# An older version's pool (one connection an endpoint): closed, not carried over.
 for old in (GD.pop("pgmb_connections", None) or {}).values():
     old.close()
 # GD lives as long as the backend, and one backend runs one loop: no locking.
@@ -181,16 +190,16 @@ def post(url, body, headers, timeout):
     """One POST: its outcome, as receive() gives it."""
     return receive(send(url, body, headers, timeout))
 
-# Named after this migration: a later version of these functions stores its own, so a
-# session that crosses an upgrade never runs the code of the one before.
+# Versioned names: a later version of these functions stores its own, so a session that
+# crosses an upgrade never runs the code of the one before.
 GD["pgmb_post_0033"] = post
 GD["pgmb_send_0033"] = send
 GD["pgmb_receive_0033"] = receive
 $py$;
 
--- One POST through PL/Python, where the http extension is missing but plpython3u is present.
--- Same signature and contract as 0030's: one POST, no redirect followed, every failure an
--- outcome, never an error.
+-- One POST through PL/Python, where the http extension is missing but plpython3u is present:
+-- no redirect followed, every failure an outcome, never an error (pgmb.post_via_http's
+-- contract).
 CREATE OR REPLACE FUNCTION pgmb.post_via_plpython(url text, body text, headers jsonb, timeout float8)
 RETURNS pgmb.http_outcome
 LANGUAGE plpython3u AS $py$

@@ -1,2 +1,0 @@
--- Reverse of 0009_replay. Deliveries it created stay: they are ordinary deliveries.
-DROP FUNCTION pgmb.replay(uuid[], text[]);

@@ -1,1 +1,0 @@
-DROP INDEX IF EXISTS pgmb_message_created_brin;

@@ -1,2 +1,0 @@
-CREATE INDEX IF NOT EXISTS pgmb_message_created_brin ON pgmb_message
-    USING brin (created_at) WITH (autosummarize = on);

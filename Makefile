@@ -17,6 +17,7 @@ help:
 	@echo "make demo   bring up a local PostgreSQL, migrate the example project, publish and serve the admin"
 	@echo "make test   install what the tests need, start a throwaway PostgreSQL, run the suite, stop it"
 	@echo "make bench  run the benchmarks in bench/ against a throwaway PostgreSQL"
+	@echo "            (PGMQ_SQL=path/to/pgmq.sql make bench: also against PGMQ; docs/benchmarks.md)"
 	@echo "make schema copy pgmb/sql/schema/ into the unreleased migration's frozen SQL files"
 	@echo "make lint   ruff and mypy"
 
@@ -38,7 +39,7 @@ demo: deps venv
 	@scripts/demo.sh
 
 bench: deps venv
-	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/instructions.py --against 0020 && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
+	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/instructions.py && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
 
 schema: venv
 	$(VENV)/bin/python scripts/freeze_schema.py

@@ -1,11 +1,14 @@
-"""Instructions per message published or consumed, counted by callgrind: pgmb against PGMQ.
+"""Instructions per message published or consumed, counted by callgrind: pgmb against a
+plain table and PGMQ.
 
-    scripts/with-cluster.sh .venv/bin/python bench/instructions.py [--against 0020]
+    scripts/with-cluster.sh .venv/bin/python bench/instructions.py [--against MIGRATION]
+        [--pgmq-sql path/to/pgmq.sql]
 
 Rates on this shared 2-core machine move with other people's work; the instructions a
 statement executes do not. This counts them: in a scratch database set up as
 bench/pgbench_publish.py sets up its own (the queues of bench/publish.py, its plain twin of
-``pgmb_message``, PGMQ 1.5.1 loaded from its SQL), copied with ``pg_basebackup``, each case
+``pgmb_message``, PGMQ when its SQL is given: ``--pgmq-sql`` or ``$PGMQ_SQL``, see
+bench/pgmq_sql.py), copied with ``pg_basebackup``, each case
 runs in a single-user PostgreSQL under ``valgrind --tool=callgrind``, once with
 ``--small`` statements and once with ``--large``; the difference of the two counts over the
 difference of messages is the count per message (starting and stopping the backend
@@ -16,9 +19,10 @@ With ``--against MIGRATION`` a second database, migrated back to that pgmb migra
 the pgmb cases too: what the migrations since then cost, in the same run.
 
 The cases: one message per statement (a plain INSERT, ``pgmq.send``, ``pgmb.send``),
-batches of 100, and consuming a queue (``read``(100) + ``delete`` of PGMQ and of a pgmb pull
-queue, and PGMQ's ``read`` + ``archive``), as bench/pgbench_publish.py and bench/pull.py
-run them with pgbench.
+batches of 100, and consuming a queue (a plain table's ``DELETE`` of 100, ``read``(100) +
+``delete`` of PGMQ and of a pgmb pull queue, and PGMQ's ``read`` + ``archive``), as
+bench/pgbench_publish.py and bench/pull.py run them with pgbench. Without PGMQ its cases
+are left out and the output says so.
 
 Single-user mode plans every statement (pgbench ``-M prepared`` plans each once): the
 counts include parsing and planning the top-level statement, for every case alike. A
@@ -45,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import harness, pgbench_publish, pgbench_runner, publish, pull  # noqa: E402
+from bench import harness, pgbench_runner, pgmq_sql, publish, pull  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ CASES = (
         "plain INSERT ... SELECT 100",
         again=True,
     ),
+    Case("plain DELETE 100 (SKIP LOCKED)", "plain_read_delete.sql", 100),
     Case("pgmq.read(100) + delete", "pgmq_read_delete.sql", 100),
     Case("pgmq.read(100) + archive", "pgmq_read_archive.sql", 100, "pgmq.read(100) + delete"),
     Case(
@@ -85,6 +90,7 @@ CASES = (
         "pgmb_read_delete.sql",
         100,
         "pgmq.read(100) + delete",
+        "plain DELETE 100 (SKIP LOCKED)",
         pull=True,
     ),
 )
@@ -182,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--large", type=int, default=300, help="statements of the second run")
     parser.add_argument("--against", help="also count pgmb migrated back to this migration")
     parser.add_argument("--db", default="pgmb_bench_instructions", help="scratch database")
+    pgmq_sql.add_argument(parser)
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind not found (Debian package valgrind): nothing counted")
@@ -196,20 +203,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not pull_again:
             _copy_back(args.against, args.db, old_db)
         pull.set_up()
-        failure = pgbench_publish.load_pgmq()
-        if failure is not None:
-            print(f"PGMQ did not load ({failure}): only pgmb and the plain table are counted")
+        with_pgmq = args.pgmq_sql is not None
+        if with_pgmq and (failure := pgmq_sql.load(args.pgmq_sql)):
+            print(f"FAILED: PGMQ from {args.pgmq_sql} did not load: {failure}")
+            return 1
         size = 2 * (args.small + args.large) * pull.BATCH + 1000
         body = json.dumps(publish.order_event(1))
         with harness.connect() as conn:
-            for kind in ("pgmb",) if failure else ("pgmb", "pgmq"):
+            for kind in ("plain", "pgmb", "pgmq") if with_pgmq else ("plain", "pgmb"):
                 conn.execute(pull.CASES[kind][2], {"n": size, "body": body})
             conn.execute("VACUUM ANALYZE")
         if pull_again:
             _copy_back(args.against, args.db, old_db)
         harness.print_machine(
             counted=f"valgrind --tool=callgrind, {args.small} and {args.large} statements a case",
-            pgmq="1.5.1, loaded from bench/pgmq/pgmq.sql" if failure is None else "not loaded",
+            pgmq=pgmq_sql.describe(args.pgmq_sql),
         )
         results: dict[str, float] = {}
         try:
@@ -225,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if case.again or (case.pull and pull_again)
                     ]
                 for case, label, database in runs:
-                    if failure is not None and case.script.startswith("pgmq"):
+                    if not with_pgmq and case.script.startswith("pgmq"):
                         continue
                     small, large = (
                         count(copy, as_owner, database, statements(case.script, n), scratch)

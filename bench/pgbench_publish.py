@@ -1,10 +1,12 @@
-"""Publishing through SQL, driven by pgbench: pgmb against PGMQ 1.5.1 and a plain table.
+"""Publishing through SQL, driven by pgbench: pgmb against a plain table and PGMQ.
 
     scripts/with-cluster.sh .venv/bin/python bench/pgbench_publish.py [--seconds 2] [--rounds 4]
+        [--pgmq-sql path/to/pgmq.sql]
 
 In a scratch database with the queues of ``bench/publish.py`` (one bound to ``order.*``,
-four that must get nothing) and its plain twin of ``pgmb_message``, PGMQ 1.5.1 is loaded
-from its SQL (``bench/pgmq/``) as its SQL-only install does, with one queue ``q``. Then
+four that must get nothing) and its plain twin of ``pgmb_message``, PGMQ is loaded from the
+SQL file given (``--pgmq-sql`` or ``$PGMQ_SQL``, see bench/pgmq_sql.py) as its SQL-only
+install does, with one queue ``q``. Then
 pgbench runs the custom scripts of ``bench/pgbench/`` from 4 clients and from 1, one
 group of cases at a time, the cases of a group next to each other, their order rotating
 between rounds; the best of ``--rounds`` counts:
@@ -15,8 +17,9 @@ between rounds; the best of ``--rounds`` counts:
 * batches of 100: a plain ``INSERT ... SELECT``, ``pgmq.send_batch`` and pgmb's
   ``INSERT INTO pgmb_message ... SELECT`` (pgmb has no SQL ``send_batch``).
 
-pgmb's goal is 1.0 of PGMQ; the plain table is the physical limit. When PGMQ's SQL does
-not load, the plain-table baseline runs alone and the output says why. At the end every
+pgmb's goal is 1.0 of PGMQ; the plain table is the physical limit. Without PGMQ the
+plain-table baseline runs alone and the output says so; a file given that does not load
+is an error. At the end every
 pgmb message must have exactly one delivery, in the ``order.*`` queue, and every count
 must match what pgbench reported: the exit status is 1 if not, never for a missed ratio.
 """
@@ -34,16 +37,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import harness, pgbench_runner, publish  # noqa: E402
+from bench import harness, pgbench_runner, pgmq_sql, publish  # noqa: E402
 
-PGMQ_SQL = ROOT / "bench" / "pgmq" / "pgmq.sql"
-PGMQ_QUEUE = "q"  # the name bench/pgbench/pgmq_*.sql send to
 BATCH = 100  # the generate_series of bench/pgbench/*_batch.sql
 
 
@@ -74,33 +73,6 @@ BATCHES = (
     Spec(f"pgmq.send_batch({BATCH})", "pgmq_batch.sql", "pgmq", BATCH),
     Spec(f"pgmb INSERT ... SELECT {BATCH}", "pgmb_batch.sql", "pgmb", BATCH),
 )
-
-
-def _without_extension_only(script: str) -> str:
-    """PGMQ's SQL minus what works only inside CREATE EXTENSION.
-
-    Extension scripts may open with a psql ``\\echo ... \\quit`` guard and register tables
-    with ``pg_extension_config_dump``; 1.5.1's file has neither (it tests for the extension
-    itself), a later one may.
-    """
-    return "".join(
-        line
-        for line in script.splitlines(keepends=True)
-        if not line.startswith("\\") and "pg_extension_config_dump(" not in line
-    )
-
-
-def load_pgmq() -> str | None:
-    """PGMQ's SQL-only install and its queue, all or nothing: None, or why it failed."""
-    try:
-        script = _without_extension_only(PGMQ_SQL.read_text())
-        with harness.connect() as conn, conn.transaction():
-            conn.execute("CREATE SCHEMA pgmq")
-            conn.execute(script)
-            conn.execute("SELECT pgmq.create(%s)", (PGMQ_QUEUE,))
-    except (OSError, psycopg.Error) as error:
-        return f"{type(error).__name__}: {error}".strip()
-    return None
 
 
 def _case(
@@ -157,7 +129,7 @@ def verify(order_queue: str, written: Counter[str], pgmq: bool) -> list[str]:
     problems = publish.verify(order_queue, written)
     if pgmq:
         with harness.connect() as conn:
-            (stored,) = conn.execute(f"SELECT count(*) FROM pgmq.q_{PGMQ_QUEUE}").fetchone()
+            (stored,) = conn.execute(f"SELECT count(*) FROM pgmq.q_{pgmq_sql.QUEUE}").fetchone()
         if stored != written["pgmq"]:
             problems.append(
                 f"{stored:,} PGMQ messages stored, pgbench reported {written['pgmq']:,}"
@@ -174,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--goal", type=float, default=1.0, help="pgmb / PGMQ to reach (1.0)")
     parser.add_argument("--db", default="pgmb_bench_pgbench", help="scratch database to create")
     parser.add_argument("--keep", action="store_true", help="do not drop the database")
+    pgmq_sql.add_argument(parser)
     args = parser.parse_args(argv)
     # pgbench's -T counts whole seconds.
     seconds = max(1, round(args.seconds))
@@ -181,14 +154,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.monotonic()
     with harness.scratch_database(args.db, args.keep):
         order_queue = publish.set_up(0)
-        failure = load_pgmq()
+        with_pgmq = args.pgmq_sql is not None
+        if with_pgmq and (failure := pgmq_sql.load(args.pgmq_sql)):
+            print(f"FAILED: PGMQ from {args.pgmq_sql} did not load: {failure}")
+            return 1
         harness.print_machine(
             queues=f"{1 + len(publish.OTHER_BINDINGS)}, one of them "
             f"({publish.MATCHING_BINDING}) matching every message",
             pgbench=f"{pgbench_runner.version()}, {pgbench_runner.binary()}",
-            pgmq="1.5.1, loaded from bench/pgmq/pgmq.sql"
-            if failure is None
-            else f"NOT LOADED ({failure}); the plain-table baseline runs alone",
+            pgmq=pgmq_sql.describe(args.pgmq_sql),
         )
         server = harness.postmaster()
         load = harness.OtherLoad(server)
@@ -200,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "of the runs). WAL: bytes per message (median)."
         )
         for specs, what in ((SINGLES, "one message per transaction"), (BATCHES, "batches")):
-            if failure is not None:
+            if not with_pgmq:
                 specs = tuple(spec for spec in specs if spec.writes != "pgmq")
             for clients in (4, 1):
                 print(f"\n{what.capitalize()}, {clients} client{'s' if clients > 1 else ''}:")
@@ -214,17 +188,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         harness.Column("server us/msg", "server_us", harness.least),
                         harness.Column("WAL B/msg", "wal", harness.median),
                     ),
-                    ratio_title="vs pgmq" if failure is None else "vs plain",
-                    also_title="vs plain" if failure is None else None,
+                    ratio_title="vs pgmq" if with_pgmq else "vs plain",
+                    also_title="vs plain" if with_pgmq else None,
                 )
-        problems = verify(order_queue, written, failure is None)
+        problems = verify(order_queue, written, with_pgmq)
     if problems:
         print("\nROUTING CHECK FAILED:\n  " + "\n  ".join(problems))
         return 1
     print(
         f"\nrouting check: {written['pgmb']:,} pgmb messages, each delivered once to "
-        f"{publish.MATCHING_BINDING} and to no other queue; {written['pgmq']:,} PGMQ messages; "
-        f"{written['baseline']:,} plain rows; {time.monotonic() - began:.0f} s"
+        f"{publish.MATCHING_BINDING} and to no other queue; "
+        + (f"{written['pgmq']:,} PGMQ messages; " if with_pgmq else "")
+        + f"{written['baseline']:,} plain rows; {time.monotonic() - began:.0f} s"
     )
     return 0
 

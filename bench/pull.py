@@ -1,22 +1,27 @@
-"""Consuming a pull queue through SQL, driven by pgbench: pgmb against PGMQ 1.5.1.
+"""Consuming a pull queue through SQL, driven by pgbench: pgmb against a plain table and PGMQ.
 
     scripts/with-cluster.sh .venv/bin/python bench/pull.py [--seconds 2] [--rounds 4]
+        [--pgmq-sql path/to/pgmq.sql]
 
-In a scratch database with one pull queue ``pullq`` (no worker) and PGMQ 1.5.1 loaded
-from ``bench/pgmq/`` with its queue ``q`` (as bench/pgbench_publish.py does), each run
-fills its queue with ``--size`` messages (the same body, bench/publish.py's order event),
-vacuums, then pgbench runs one transaction in a loop from 4 clients (and from 1):
+In a scratch database with one pull queue ``pullq`` (no worker), a plain table
+``bench_pull_baseline`` and, when its SQL is given (``--pgmq-sql`` or ``$PGMQ_SQL``, see
+bench/pgmq_sql.py), PGMQ with its queue ``q``, each run fills its queue with ``--size``
+messages (the plain table four times as many; the same body, bench/publish.py's order
+event), vacuums, then pgbench runs one transaction in a loop from 4 clients (and from 1):
 
+* the plain table (the physical limit): the 100 oldest rows, ``FOR UPDATE SKIP LOCKED``,
+  deleted in one statement
 * pgmb: ``pgmb.delete('pullq', ARRAY(SELECT delivery_id FROM pgmb.read('pullq', 30, 100)))``
 * PGMQ: ``pgmq.delete('q', ARRAY(SELECT msg_id FROM pgmq.read('q', 30, 100)))``
 * PGMQ keeping what it consumed: the same with ``pgmq.archive`` (moved to its archive
   table), as pgmb's delete keeps an ``ack`` row in its history.
 
 The cases of a table run next to each other, their order rotating between rounds; the
-best of ``--rounds`` counts. pgmb's goal is 1.0 of PGMQ's read + delete. After each run
+best of ``--rounds`` counts. pgmb's goal is 1.0 of PGMQ's read + delete; without PGMQ it is
+held against the plain table alone, with no goal, and the output says so. After each run
 the queue must hold exactly what pgbench did not consume (100 a transaction, none read
-twice): the exit status is 1 if not, or if a run emptied its queue (raise ``--size``),
-never for a missed ratio.
+twice): the exit status is 1 if not, if a run emptied its queue (raise ``--size``) or if
+the PGMQ file given does not load, never for a missed ratio.
 """
 
 from __future__ import annotations
@@ -35,14 +40,24 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import harness, pgbench_publish, pgbench_runner, publish  # noqa: E402
+from bench import harness, pgbench_runner, pgmq_sql, publish  # noqa: E402
 
 PULL_QUEUE = "pullq"  # the name bench/pgbench/pgmb_read_delete.sql reads
+BASELINE_TABLE = "bench_pull_baseline"  # the table bench/pgbench/plain_read_delete.sql reads
 BATCH = 100  # the qty of bench/pgbench/*_read_delete.sql
 
 #: (label, script, how to fill the queue with %(n)s messages of body %(body)s, how many
 #: it holds, how to empty it, the tables to vacuum)
 CASES = {
+    "plain": (
+        f"plain DELETE {BATCH} (SKIP LOCKED)",
+        "plain_read_delete.sql",
+        f"INSERT INTO {BASELINE_TABLE} (body)"
+        " SELECT %(body)s::jsonb FROM generate_series(1, %(n)s)",
+        f"SELECT count(*) FROM {BASELINE_TABLE}",
+        f"TRUNCATE {BASELINE_TABLE}",
+        (BASELINE_TABLE,),
+    ),
     "pgmq": (
         f"pgmq.read({BATCH}) + pgmq.delete",
         "pgmq_read_delete.sql",
@@ -73,19 +88,34 @@ CASES = {
 }
 
 
+#: How many times ``--size`` rows the plain table starts each run with.
+PLAIN_SIZE_FACTOR = 4
+
+#: The cases of a table, in order; without PGMQ only the plain table's and pgmb's.
+KINDS_WITH_PGMQ = ("plain", "pgmq", "pgmq_archive", "pgmb")
+
+
 class Drained(Exception):
     """A run consumed its whole queue: its rate would count empty reads."""
 
 
 def set_up() -> None:
+    """The pull queue and its plain baseline (a queue table as PGMQ's, without PGMQ)."""
     with harness.connect() as conn:
         conn.execute("SELECT pgmb.create(%s, 'pull.#', 5, NULL)", (PULL_QUEUE,))
+        conn.execute(
+            f"CREATE TABLE {BASELINE_TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            " vt timestamptz NOT NULL DEFAULT now(), body jsonb NOT NULL)"
+        )
 
 
 def _case(
     kind: str, clients: int, seconds: int, size: int, server: int | None, problems: list[str]
 ) -> harness.Case:
     label, script, fill, count, empty, tables = CASES[kind]
+    # The plain table is consumed several times faster than the queues: it starts with
+    # more rows, so that a run never empties it.
+    size *= PLAIN_SIZE_FACTOR if kind == "plain" else 1
     body = json.dumps(publish.order_event(1))
 
     def run() -> harness.Sample:
@@ -115,6 +145,21 @@ def _case(
     return harness.Case(f"{label}, {clients} client{'s' if clients > 1 else ''}", run)
 
 
+def _rows(labels: dict[str, str], goal: float) -> list[harness.Row]:
+    """pgmb against PGMQ's read + delete (the goal) and its archive; without PGMQ, against
+    the plain table, with no goal."""
+    plain, pgmb = labels["plain"], labels["pgmb"]
+    if "pgmq" not in labels:
+        return [harness.Row(plain, plain), harness.Row(pgmb, pgmb, "rate", plain)]
+    pgmq, archive = labels["pgmq"], labels["pgmq_archive"]
+    return [
+        harness.Row(plain, plain),
+        harness.Row(pgmq, pgmq),
+        harness.Row(archive, archive, "rate", pgmq),
+        harness.Row(pgmb, pgmb, "rate", pgmq, goal, also=archive),
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2, help="per run (whole seconds, 2)")
@@ -125,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--goal", type=float, default=1.0, help="pgmb / PGMQ to reach (1.0)")
     parser.add_argument("--db", default="pgmb_bench_pull", help="scratch database to create")
     parser.add_argument("--keep", action="store_true", help="do not drop the database")
+    pgmq_sql.add_argument(parser)
     args = parser.parse_args(argv)
     seconds = max(1, round(args.seconds))
 
@@ -132,14 +178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems: list[str] = []
     with harness.scratch_database(args.db, args.keep):
         set_up()
-        failure = pgbench_publish.load_pgmq()
-        if failure is not None:
-            print(f"PGMQ did not load ({failure}): there is nothing to compare with")
+        with_pgmq = args.pgmq_sql is not None
+        if with_pgmq and (failure := pgmq_sql.load(args.pgmq_sql)):
+            print(f"FAILED: PGMQ from {args.pgmq_sql} did not load: {failure}")
             return 1
         harness.print_machine(
-            queues=f"pgmb: pull queue {PULL_QUEUE}; PGMQ: queue q (not partitioned, logged)",
+            queues=f"pgmb: pull queue {PULL_QUEUE}; plain table {BASELINE_TABLE}"
+            + ("; PGMQ: queue q (not partitioned, logged)" if with_pgmq else ""),
             pgbench=f"{pgbench_runner.version()}, {pgbench_runner.binary()}",
-            pgmq="1.5.1, loaded from bench/pgmq/pgmq.sql",
+            pgmq=pgmq_sql.describe(args.pgmq_sql),
             size=f"{args.size:,} messages in the queue at the start of each run",
         )
         server = harness.postmaster()
@@ -152,23 +199,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for clients in (4, 1):
                 print(f"\n{clients} client{'s' if clients > 1 else ''}:")
+                kinds = KINDS_WITH_PGMQ if with_pgmq else ("plain", "pgmb")
                 group = tuple(
-                    _case(kind, clients, seconds, args.size, server, problems)
-                    for kind in ("pgmq", "pgmq_archive", "pgmb")
+                    _case(kind, clients, seconds, args.size, server, problems) for kind in kinds
                 )
                 results = harness.measure([group], args.rounds, load)
-                pgmq, archive, pgmb = (case.label for case in group)
                 harness.print_table(
                     results,
-                    [
-                        harness.Row(pgmq, pgmq),
-                        harness.Row(archive, archive, "rate", pgmq),
-                        harness.Row(pgmb, pgmb, "rate", pgmq, args.goal, also=archive),
-                    ],
+                    _rows(dict(zip(kinds, (case.label for case in group), strict=True)), args.goal),
                     harness.best,
                     (harness.Column("server us/msg", "server_us", harness.least),),
-                    ratio_title="vs pgmq",
-                    also_title="vs archive",
+                    ratio_title="vs pgmq" if with_pgmq else "vs plain",
+                    also_title="vs archive" if with_pgmq else None,
                 )
         except (Drained, psycopg.Error, RuntimeError) as exc:
             print(f"\nFAILED: {exc}")

@@ -326,6 +326,9 @@ class Connection(asyncio.Protocol):
         self._headers[key] = text if before is None else f"{before}, {text}"
 
     def on_headers_complete(self) -> None:
+        version = self._parser.get_http_version()
+        if version not in ("1.1", "1.0"):  # llhttp also reads 0.9 and 2.0 status lines
+            self._refuse(f"HTTP/{version} is not HTTP/1.x")
         status = self._parser.get_status_code()
         if status < 100:
             self._refuse(f"status {status}")
@@ -334,7 +337,7 @@ class Connection(asyncio.Protocol):
         if status < 200:
             return  # interim; the final answer follows
         self._status = status
-        self._http10 = self._parser.get_http_version() == "1.0"
+        self._http10 = version == "1.0"
         self._in_head = False
         if status < 300:
             self._keep = 0  # a success needs no body

@@ -136,6 +136,9 @@ def test_an_http_10_server_that_keeps_alive_keeps_its_connection(send):
     [
         (b"ICY 200 OK\r\n\r\n", "Expected HTTP/"),
         (b"HTTP/2 200\r\n\r\n", "Expected dot"),
+        (b"HTTP/2.0 200 OK\r\n\r\n", "HTTP/2.0 is not HTTP/1.x"),
+        (b"HTTP/0.9 200 OK\r\n\r\n", "HTTP/0.9 is not HTTP/1.x"),
+        (b"HTTP/1.2 200 OK\r\n\r\n", "Invalid HTTP version"),
         (b"HTTP/1.1 2000 OK\r\n\r\n", "Invalid response status"),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "Invalid header token"),
         (b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n", "Unexpected space after start line"),

@@ -10,9 +10,10 @@ Answers are parsed by llhttp (through ``httptools``, as uvicorn does), which rea
 RFC 9112 says: interim 1xx answers are skipped, no framing at all means the body ends with
 the connection, and what breaks HTTP/1.1 (a Content-Length that is not a number or does not
 fit, both Content-Length and Transfer-Encoding, a CR alone in a line, a chunk longer than its
-size) is :class:`BadResponse`, which costs only the connection. A lone LF ends a line, as
-RFC 9112 2.2 allows. A head (status line and headers, or a chunked body's trailers) may take
-:data:`HEAD_LIMIT` bytes.
+size, a version other than HTTP/1.0 and 1.1) is :class:`BadResponse`, which costs only the
+connection. A lone LF ends a line, as RFC 9112 2.2 allows in a head (llhttp's leniency takes
+it in chunked framing too). A head (status line and headers, or a chunked body's trailers)
+may take :data:`HEAD_LIMIT` bytes.
 
 Its keep-alive rules are the PL/Python transport's (``pgmb.load_plpython_transport`` in
 SQL), and one table of tests runs both (``tests/dispatch/test_keepalive.py``):
@@ -154,7 +155,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self._registry = registry
         self._parser = httptools.HttpResponseParser(self)
-        # RFC 9112 2.2: a recipient may take a lone LF for a line's end, as h11 does.
+        # RFC 9112 2.2: a recipient may take a lone LF for a line's end (h11 does too).
         self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
         #: The end of a head line still to come, held back (see ``_take``).
         self._partial = bytearray()

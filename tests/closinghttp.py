@@ -14,8 +14,8 @@ and the body's end is the connection's end (no Content-Length).
 ``RawServer`` answers with scripted bytes, for what well-behaved servers never send: it
 reads each request (its head and a Content-Length body) and sends the next scripted answer
 byte for byte. A script item is bytes (the connection stays open for the next request) or a
-``Raw`` that can close the connection after sending; past the script, answers are ``200``
-with an empty body. With an ``ssl_context`` it speaks TLS.
+``Raw`` that can close the connection after sending, or send its bytes one at a time;
+past the script, answers are ``200`` with an empty body. With an ``ssl_context`` it speaks TLS.
 
 All record each request they handled with the client's port (one port per connection).
 """
@@ -171,10 +171,12 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
 @dataclass(frozen=True)
 class Raw:
-    """Bytes to send as an answer; ``close`` ends the connection after them (a FIN)."""
+    """Bytes to send as an answer; ``close`` ends the connection after them (a FIN);
+    ``trickle`` sends them a byte at a time, each in a segment of its own."""
 
     data: bytes
     close: bool = False
+    trickle: bool = False
 
 
 class RawServer(_SocketServer):
@@ -211,7 +213,12 @@ class RawServer(_SocketServer):
                 self._record(Handled(port, body))
                 answer = self._next()
                 try:
-                    conn.sendall(answer.data)
+                    if answer.trickle:
+                        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        for byte in range(len(answer.data)):
+                            conn.sendall(answer.data[byte : byte + 1])
+                    else:
+                        conn.sendall(answer.data)
                 except OSError:
                     return
                 if answer.close:

@@ -2,26 +2,35 @@
 
 The external dispatcher's HTTP client. It needs one narrow thing: a POST whose headers are
 already checked (:func:`pgmb.dispatch.request.build_headers`), the answer's status, its
-headers and the first bytes of its body. aiohttp did this at two to three times the CPU a
-request (builders, multidicts, cookie and tracing hooks, tasks of its own), and that cost
-bounded the dispatcher's throughput (docs/benchmarks.md, docs/decisions.md).
+headers and the first bytes of its body. A general client (aiohttp) costs two to three
+times the CPU a request for what it offers beyond that, and that cost would bound the
+dispatcher's throughput (docs/benchmarks.md, docs/decisions.md).
+
+Answers are parsed by llhttp (through ``httptools``, as uvicorn does), which reads them as
+RFC 9112 says: interim 1xx answers are skipped, no framing at all means the body ends with
+the connection, and what breaks HTTP/1.1 (a Content-Length that is not a number or does not
+fit, both Content-Length and Transfer-Encoding, a CR alone in a line, a chunk longer than its
+size, a version other than HTTP/1.0 and 1.1) is :class:`BadResponse`, which costs only the
+connection. A lone LF ends a line, as RFC 9112 2.2 allows in a head (llhttp's leniency takes
+it in chunked framing too). A head (status line and headers, or a chunked body's trailers)
+may take :data:`HEAD_LIMIT` bytes.
 
 Its keep-alive rules are the PL/Python transport's (``pgmb.load_plpython_transport`` in
 SQL), and one table of tests runs both (``tests/dispatch/test_keepalive.py``):
 
 * a connection is kept when the answer said nothing against it (``Connection: close``,
-  HTTP/1.0 without ``keep-alive``, a body that ends with the connection) and its body was
-  read to the end within :data:`DRAIN_LIMIT`; past that, closing costs less than reading on;
+  HTTP/1.0 without ``keep-alive``, a body that ends with the connection, Transfer-Encoding
+  in HTTP/1.0, bytes past the answer) and its body was read to the end within
+  :data:`DRAIN_LIMIT`; past that, closing costs less than reading on;
 * an idle connection the server closed is dropped when found. A request whose kept
   connection ends before any byte of an answer is sent once more on a new connection:
   the server most likely closed it as the request went out (at-least-once: should it have
   handled the request, a duplicate);
 * at most ``kept`` idle connections are held, the least recently used closed first.
 
-Answers are read as RFC 9112 says: interim 1xx answers are skipped; Transfer-Encoding
-wins over Content-Length (and the connection is then not kept); no framing at all means
-the body ends with the connection. Anything else malformed is :class:`BadResponse`, and the
-connection is closed.
+Connections to a name with several addresses are made as RFC 8305 says (Happy Eyeballs):
+IPv6 and IPv4 addresses interleaved, the next tried :data:`HAPPY_EYEBALLS_DELAY` after the
+last, so that a dead address costs a fraction of a second rather than the worker's timeout.
 """
 
 from __future__ import annotations
@@ -33,20 +42,22 @@ import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 from urllib.parse import quote, unquote, urlsplit
+
+import httptools
 
 #: Body bytes read past what the caller keeps, to reuse the connection; beyond, it closes.
 DRAIN_LIMIT = 1 << 20
 #: An answer's status line and headers may take this many bytes, as aiohttp allowed.
 HEAD_LIMIT = 64 * 1024
+#: Seconds before the next address of a name is tried while the last still connects.
+HAPPY_EYEBALLS_DELAY = 0.25
 #: Parsed URLs kept; the cache is emptied past this many (endpoints rarely change).
 _ENDPOINT_CACHE = 1000
 
 #: What may not appear in a request's head other than at a line's end.
 _UNSAFE = re.compile(r"[\x00\r\n]")
-_HEAD_END = re.compile(rb"\n\r?\n")
-_STATUS_LINE = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?:[ \t][^\x00-\x08\x0a-\x1f\x7f]*)?")
-_CHUNK_SIZE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?")
 #: RFC 3986 characters a path and a query keep as they are; others are percent-encoded.
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 _QUERY_SAFE = _PATH_SAFE + "?"
@@ -127,58 +138,49 @@ def parse_endpoint(url: str) -> _Endpoint:
     return _Endpoint((scheme, host, port), host, port, tls, head)
 
 
-def _parse_head(head: bytes) -> tuple[int, bool, dict[str, str]]:
-    """An answer's status, whether it is HTTP/1.0, and its headers."""
-    lines = head.decode("latin-1").split("\n")
-    status_line = lines[0].rstrip("\r")
-    match = _STATUS_LINE.fullmatch(status_line)
-    if match is None:
-        raise BadResponse(f"not an HTTP/1.x status line: {status_line[:60]!r}")
-    headers: dict[str, str] = {}
-    for raw in lines[1:]:
-        line = raw.rstrip("\r")
-        name, colon, value = line.partition(":")
-        # No blank before the colon, no folded lines (RFC 9112 5.1, 5.2).
-        if not colon or not name or name != name.strip(" \t"):
-            raise BadResponse(f"a malformed header line: {line[:60]!r}")
-        name = name.lower()
-        value = value.strip(" \t")
-        before = headers.get(name)
-        if before is None:
-            headers[name] = value
-        elif name == "content-length":
-            if before != value:
-                raise BadResponse("two different Content-Length headers")
-        else:
-            headers[name] = f"{before}, {value}"
-    return int(match[2]), match[1] == "0", headers
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing: the rest of the bytes go unread."""
 
 
-class _Connection(asyncio.Protocol):
-    """One connection: sends a request, parses its answer, fails its waiter if it ends."""
+class Connection(asyncio.Protocol):
+    """One connection: sends a request, parses its answer, fails its waiter if it ends.
 
-    def __init__(self, key: tuple[str, str, int], registry: set[_Connection]) -> None:
+    It is also the parser's protocol: httptools calls its ``on_*`` methods as it reads.
+    The client makes these; tests feed one answers a read at a time.
+    """
+
+    def __init__(self, key: tuple[str, str, int], registry: set[Connection]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._registry = registry
-        self._buffer = bytearray()
+        self._parser = httptools.HttpResponseParser(self)
+        # RFC 9112 2.2: a recipient may take a lone LF for a line's end (h11 does too).
+        self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        #: The end of a head line still to come, held back (see ``_take``).
+        self._partial = bytearray()
         self._waiter: asyncio.Future[Response] | None = None
         self._keep = 0
         self._reset()
 
     def _reset(self) -> None:
         self._received = False
+        #: Until the final answer's headers end, and again in a chunked body's trailers.
+        self._in_head = True
+        self._head_bytes = 0
         self._status = 0
+        self._http10 = False
+        self._transfer_encoding = False
         self._headers: dict[str, str] = {}
-        self._reusable = True
-        #: "length", "chunked" or "close" (the body ends with the connection).
-        self._mode = ""
-        #: Body bytes still due ("length"); in "chunked", the current chunk's bytes still
-        #: due, or -1 (a size line is next), -2 (the CRLF after a chunk), -3 (trailers).
-        self._remaining = 0
         self._body = bytearray()
         self._drained = 0
+        #: A chunk's size line was read and none of its data yet: trailers may follow.
+        self._chunk_open = False
+        self._complete = False
+        self._reusable = False
+        #: Why parsing was stopped from a callback: past DRAIN_LIMIT, or bytes past the answer.
+        self._stopped = ""
+        self._error: BadResponse | None = None
 
     # --- asyncio.Protocol ---
 
@@ -193,9 +195,10 @@ class _Connection(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         if self._status:
-            # The answer came: a body that ends with the connection ends here, one cut
-            # short only costs the connection.
-            self._finish(reusable=False)
+            # The final head came: a body that ends with the connection ends here (llhttp
+            # waits for an end of input that httptools cannot give it), one cut short
+            # only costs the connection.
+            self._finish()
         elif self._received:
             waiter.set_exception(BadResponse("the connection ended in the middle of the head"))
         else:
@@ -209,12 +212,14 @@ class _Connection(asyncio.Protocol):
             self.abort()
             return
         self._received = True
-        self._buffer += data
         try:
-            self._parse()
+            self._take(data)
         except BadResponse as exc:
             waiter.set_exception(exc)
             self.abort()
+            return
+        if self._complete or self._stopped:
+            self._finish()
 
     # --- used by the client ---
 
@@ -237,121 +242,144 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # --- parsing ---
+    # --- feeding the parser ---
 
-    def _parse(self) -> None:
-        buffer = self._buffer
-        while not self._status:
-            end = _HEAD_END.search(buffer)
-            if end is None:
-                if len(buffer) > HEAD_LIMIT:
-                    raise BadResponse(f"a response head over {HEAD_LIMIT} bytes")
-                return
-            head = bytes(buffer[: end.start()])
-            del buffer[: end.end()]
-            status, http10, headers = _parse_head(head)
-            if status < 100:
-                raise BadResponse(f"status {status}")
-            if status < 200:
-                if status == 101:
-                    raise BadResponse("101 Switching Protocols, never asked for")
-                continue  # interim; the final answer follows
-            self._start_body(status, http10, headers)
-        if self._mode == "length":
-            taken = min(len(buffer), self._remaining)
-            self._remaining -= taken
-            if self._absorb(buffer, taken) and not self._remaining:
-                self._finish(self._reusable)
-        elif self._mode == "chunked":
-            self._parse_chunks(buffer)
+    def _take(self, data: bytes) -> None:
+        """Feed ``data`` to the parser; within a head, only up to its last line end.
+
+        httptools joins the pieces of a header line split across reads by copying them,
+        so a head sent a byte at a time would cost quadratic time: head lines are held
+        back until whole, and each byte is searched and fed once.
+        """
+        if not self._in_head:
+            self._feed_body(data)
         else:
-            self._absorb(buffer, len(buffer))
-
-    def _start_body(self, status: int, http10: bool, headers: dict[str, str]) -> None:
-        self._status = status
-        self._headers = headers
-        tokens = {token.strip() for token in headers.get("connection", "").lower().split(",")}
-        self._reusable = "close" not in tokens and (not http10 or "keep-alive" in tokens)
-        if 200 <= status < 300:
-            self._keep = 0  # a success needs no body
-        encoding = headers.get("transfer-encoding")
-        length = headers.get("content-length")
-        if status in (204, 304):
-            self._mode, self._remaining = "length", 0
-        elif encoding is not None:
-            if length is not None:
-                self._reusable = False  # RFC 9112 6.3: a sign of smuggling or a bad proxy
-            if encoding.lower().rsplit(",", 1)[-1].strip() == "chunked":
-                self._mode, self._remaining = "chunked", -1
+            cut = data.rfind(b"\n") + 1
+            if not cut:
+                self._partial += data
+            elif self._partial:
+                self._partial += data[:cut]
+                self._feed(self._partial)
+                self._partial.clear()
             else:
-                self._mode = "close"
-        elif length is not None:
-            if not length.isdigit() or not length.isascii():
-                raise BadResponse(f"an invalid Content-Length: {length[:30]!r}")
-            self._mode, self._remaining = "length", int(length)
-        else:
-            self._mode = "close"
-        if self._mode == "close":
-            self._reusable = False
-
-    def _parse_chunks(self, buffer: bytearray) -> None:
-        while self._waiter is not None:
-            if self._remaining > 0:
-                taken = min(len(buffer), self._remaining)
-                self._remaining -= taken
-                if not self._absorb(buffer, taken) or self._remaining:
-                    return
-                self._remaining = -2
-                continue
-            if self._remaining == -2:
-                if buffer[:2] == b"\r\n":
-                    del buffer[:2]
-                elif buffer[:1] == b"\n":
-                    del buffer[:1]
-                elif buffer == b"\r" or not buffer:
-                    return
+                self._feed(data if cut == len(data) else memoryview(data)[:cut])
+            if cut and cut < len(data):
+                if self._complete or self._stopped:
+                    self._stopped = self._stopped or "bytes past the answer"
+                elif self._in_head:
+                    self._partial += data[cut:]
                 else:
-                    raise BadResponse("a chunk longer than its size")
-                self._remaining = -1
-                continue
-            newline = buffer.find(b"\n")
-            if newline < 0:
-                if len(buffer) > HEAD_LIMIT:
-                    raise BadResponse(f"a chunk line over {HEAD_LIMIT} bytes")
-                return
-            line = bytes(buffer[:newline]).rstrip(b"\r")
-            del buffer[: newline + 1]
-            if self._remaining == -3:  # trailers, up to an empty line
-                if not line:
-                    self._finish(self._reusable)
-                continue
-            size = _CHUNK_SIZE.fullmatch(line)
-            if size is None:
-                raise BadResponse(f"an invalid chunk size line: {line[:30]!r}")
-            self._remaining = int(size[1], 16) or -3
+                    self._feed_body(memoryview(data)[cut:])
+        if self._in_head and self._head_bytes + len(self._partial) > HEAD_LIMIT:
+            raise BadResponse(f"a response head over {HEAD_LIMIT} bytes")
 
-    def _absorb(self, buffer: bytearray, count: int) -> bool:
-        """Take ``count`` body bytes off ``buffer``, keeping what the caller asked for;
-        False once past :data:`DRAIN_LIMIT`, the answer then given with the body read."""
+    def _feed_body(self, data: bytes | memoryview) -> None:
+        opened = self._chunk_open
+        drained = self._drained
+        self._feed(data)
+        if opened and self._chunk_open and not self._complete:
+            # Bytes after a chunk's size line that were not its data: the last chunk's
+            # trailers, a head of their own from here on.
+            self._in_head = True
+            self._head_bytes += len(data) - (self._drained - drained)
+
+    def _feed(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self._error is not None:
+                raise self._error from None
+            if self._complete or self._stopped:
+                self._stopped = self._stopped or "bytes past the answer"
+                return
+            raise BadResponse(str(exc)) from None
+
+    def _refuse(self, reason: str) -> NoReturn:
+        self._error = BadResponse(reason)
+        raise self._error
+
+    # --- httptools callbacks ---
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            self._stopped = "bytes past the answer"
+            raise _Stop
+        self._head_bytes = 0
+        self._headers = {}
+        self._transfer_encoding = False
+
+    def on_status(self, reason: bytes) -> None:
+        self._head_bytes += len(reason) + 15  # the rest of the status line, about
+        if self._head_bytes > HEAD_LIMIT:
+            self._refuse(f"a response head over {HEAD_LIMIT} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > HEAD_LIMIT:
+            self._refuse(f"a response head over {HEAD_LIMIT} bytes")
+        if self._status:
+            return  # a trailer
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1").strip(" \t")
+        if key == "transfer-encoding":
+            self._transfer_encoding = True
+        before = self._headers.get(key)
+        self._headers[key] = text if before is None else f"{before}, {text}"
+
+    def on_headers_complete(self) -> None:
+        version = self._parser.get_http_version()
+        if version not in ("1.1", "1.0"):  # llhttp also reads 0.9 and 2.0 status lines
+            self._refuse(f"HTTP/{version} is not HTTP/1.x")
+        status = self._parser.get_status_code()
+        if status < 100:
+            self._refuse(f"status {status}")
+        if status == 101:
+            self._refuse("101 Switching Protocols, never asked for")
+        if status < 200:
+            return  # interim; the final answer follows
+        self._status = status
+        self._http10 = version == "1.0"
+        self._in_head = False
+        if status < 300:
+            self._keep = 0  # a success needs no body
+
+    def on_body(self, data: bytes) -> None:
+        self._chunk_open = False
         room = self._keep - len(self._body)
         if room > 0:
-            self._body += buffer[: min(count, room)]
-        del buffer[:count]
-        self._drained += count
+            self._body += data[:room]
+        self._drained += len(data)
         if self._drained > DRAIN_LIMIT:
-            self._finish(reusable=False)
-            return False
-        return True
+            # Past this, closing the connection costs less than reading on.
+            self._stopped = "past the drain limit"
+            raise _Stop
 
-    def _finish(self, reusable: bool) -> None:
+    def on_chunk_header(self) -> None:
+        self._chunk_open = True
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_open = False
+
+    def on_message_complete(self) -> None:
+        if not self._status:
+            return  # an interim answer
+        self._complete = True
+        self._in_head = False
+        # RFC 9112 6.1: Transfer-Encoding in HTTP/1.0 is framing that cannot be trusted;
+        # the answer is read, the connection closed.
+        self._reusable = self._parser.should_keep_alive() and not (
+            self._http10 and self._transfer_encoding
+        )
+
+    def _finish(self) -> None:
         waiter = self._waiter
         assert waiter is not None
         self._waiter = None
         response = Response(self._status, self._headers, bytes(self._body))
-        # Bytes past the answer were never asked for: the connection is not reused.
-        if not reusable or self._buffer or self.closed:
+        reusable = self._complete and self._reusable and not self._stopped and not self._partial
+        if not reusable or self.closed:
             self.abort()
-        self._buffer.clear()
+        self._partial.clear()
         self._reset()
         if not waiter.done():
             waiter.set_result(response)
@@ -364,9 +392,9 @@ class Client:
         self._kept = max(1, kept)
         self._ssl = ssl_context
         #: Idle connections by (scheme, host, port), least recently used key first.
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._idle_count = 0
-        self._open: set[_Connection] = set()
+        self._open: set[Connection] = set()
         self._endpoints: dict[str, _Endpoint] = {}
 
     async def post(
@@ -409,7 +437,7 @@ class Client:
         await asyncio.sleep(0)  # the transports close on the next turn of the loop
 
     async def _exchange(
-        self, conn: _Connection, data: bytes, keep: int, deadline: float
+        self, conn: Connection, data: bytes, keep: int, deadline: float
     ) -> Response:
         loop = asyncio.get_running_loop()
         timer = loop.call_at(deadline, conn.expire)
@@ -429,7 +457,7 @@ class Client:
             self._put(conn)
         return response
 
-    async def _connect(self, endpoint: _Endpoint, deadline: float) -> _Connection:
+    async def _connect(self, endpoint: _Endpoint, deadline: float) -> Connection:
         loop = asyncio.get_running_loop()
         context = None
         if endpoint.tls:
@@ -439,11 +467,13 @@ class Client:
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _Connection(endpoint.key, self._open),
+                    lambda: Connection(endpoint.key, self._open),
                     endpoint.host,
                     endpoint.port,
                     ssl=context,
                     server_hostname=endpoint.host if context else None,
+                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
+                    interleave=1,
                 ),
                 deadline - loop.time(),
             )
@@ -457,7 +487,7 @@ class Client:
             raise ConnectError(f"{reason} ({endpoint.host}:{endpoint.port})") from exc
         return conn
 
-    def _take(self, key: tuple[str, str, int]) -> _Connection | None:
+    def _take(self, key: tuple[str, str, int]) -> Connection | None:
         stack = self._idle.get(key)
         while stack:
             conn = stack.pop()
@@ -468,7 +498,7 @@ class Client:
                 return conn
         return None
 
-    def _put(self, conn: _Connection) -> None:
+    def _put(self, conn: Connection) -> None:
         stack = self._idle.pop(conn.key, None) or []
         stack.append(conn)
         self._idle[conn.key] = stack  # last: the most recently used key

@@ -32,9 +32,9 @@ from typing import Any
 
 import psycopg
 
-from .deliveries import Call, run_on
-from .dispatch.backoff import Backoff
-from .dispatch.database import _first_line
+from .db.backoff import Backoff
+from .db.error_text import first_line
+from .db.statements import Call, run_on
 from .pull import Message, set_vt_call
 
 log = logging.getLogger("pgmb.consume")
@@ -201,7 +201,7 @@ class HeldMessages:
             "could not extend the visibility timeouts of %s (%s: %s): trying again",
             self.queue,
             type(exc).__name__,
-            _first_line(exc),
+            first_line(exc),
             exc_info=not isinstance(exc, psycopg.Error),
         )
         self._failing = True

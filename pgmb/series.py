@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import sql, statistics
-from .deliveries import Call, run
+from .db.statements import Call, run
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import sql
-from .deliveries import Call, _jsonb, _scalar, run
+from .db.statements import Call, run
+from .db.values import jsonb, scalar
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ def _statement(name: str) -> str:
 
 
 def _errors(value: Any) -> tuple[ErrorCount, ...]:
-    items = _jsonb(value)
+    items = jsonb(value)
     return tuple(ErrorCount(status=e.get("status"), count=int(e["count"])) for e in items or ())
 
 
@@ -112,5 +113,5 @@ def hourly(
 
 def latest(*, using: str | None = None) -> datetime.datetime | None:
     """The newest hour the statistics cover; None before the job's first run."""
-    found: datetime.datetime | None = run(Call(_statement("latest"), {}, _scalar), using)
+    found: datetime.datetime | None = run(Call(_statement("latest"), {}, scalar), using)
     return found

@@ -30,12 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import deliveries, dispatchers, housekeeping
+from .. import breakers, deliveries, dispatchers, housekeeping
+from ..db.backoff import Backoff
+from ..db.error_text import first_line
+from ..db.reconnecting import Database, Unavailable, listen
+from ..db.statements import Call
 from ..deliveries import Claimed, Failure, Success
 from ..housekeeping import Thresholds
-from .backoff import Backoff
 from .client import Outcome, new_session, post
-from .database import Database, Unavailable, _first_line, listen
 from .pacing import UNPACED_RPS, Pacer
 from .request import build_headers
 
@@ -105,10 +107,16 @@ class Dispatcher:
         self.stats = Stats()
         self._conninfo = conninfo
         self._stopping = asyncio.Event()
+        # Circuit breakers announce their transitions on the connection that made them
+        # (a claim, an outcome): logged as they come, no query of their own.
         self._claims = Database(
-            conninfo, "claims", setup="claims_session", interrupt=self._stopping
+            conninfo,
+            "claims",
+            setup="claims_session",
+            interrupt=self._stopping,
+            notices=breakers.log_notice,
         )
-        self._outcomes_db = Database(conninfo, "outcomes")
+        self._outcomes_db = Database(conninfo, "outcomes", notices=breakers.log_notice)
         self._claims.give_up_after = self._outcomes_db.give_up_after = options.give_up_after
         self._wake = asyncio.Event()
         self._outcome_ready = asyncio.Event()
@@ -333,7 +341,7 @@ class Dispatcher:
         except Exception as exc:
             log.warning(
                 "could not vacuum pgmb_delivery (%s); next try after %d more claims",
-                _first_line(exc),
+                first_line(exc),
                 self.options.vacuum_every,
             )
             return
@@ -355,7 +363,7 @@ class Dispatcher:
             log.warning(
                 "housekeeping could not run (%s: %s); next look in %g s at the earliest",
                 type(exc).__name__,
-                _first_line(exc),
+                first_line(exc),
                 self.options.housekeeping_interval,
             )
             return
@@ -431,7 +439,7 @@ class Dispatcher:
             log.error(
                 "could not record a heartbeat (%s: %s); trying again later",
                 type(exc).__name__,
-                _first_line(exc),
+                first_line(exc),
             )
 
     async def _unregister(self) -> None:
@@ -448,10 +456,10 @@ class Dispatcher:
                 "could not mark dispatcher id=%d stopped (%s: %s)",
                 self.registration,
                 type(exc).__name__,
-                _first_line(exc),
+                first_line(exc),
             )
 
-    async def _claim_side(self, call: deliveries.Call[T], refused: T) -> T:
+    async def _claim_side(self, call: Call[T], refused: T) -> T:
         """Run a reclaim or a claim; one the database refuses (not an outage, which
         ``Database.run`` waits out) is logged and read as ``refused``, so the loop goes on
         and tries again at its next turn instead of ending."""
@@ -463,7 +471,7 @@ class Dispatcher:
             log.error(
                 "the database refused a state-machine call (%s: %s); trying again later",
                 type(exc).__name__,
-                _first_line(exc),
+                first_line(exc),
             )
             return refused
 
@@ -615,7 +623,7 @@ class Dispatcher:
         del self._fails[: len(fails)]
         return bool(fails)
 
-    async def _write(self, call: Callable[[list[T]], deliveries.Call[int]], items: list[T]) -> None:
+    async def _write(self, call: Callable[[list[T]], Call[int]], items: list[T]) -> None:
         """Write outcomes; one the database refuses is left to its lease, not the batch."""
         if not items:
             return

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..db.error_text import first_line
 from .errors import PipelineError
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def reason(error: Exception) -> str:
     """The first line of a Java exception's own message, not py4j's stack trace."""
     java = getattr(error, "java_exception", None)
     text = str(java.toString()) if java is not None else str(error)
-    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first_line(error, text)
 
 
 @contextmanager

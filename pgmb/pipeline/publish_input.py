@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..db.error_text import first_line
 from .errors import PipelineError
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def spark_reason(error: Exception) -> str:
     java = getattr(error, "java_exception", None)
     if java is not None:  # a Py4JJavaError: its text is the whole stack
         text = str(java.toString())
-    line = text.splitlines()[0] if text else type(error).__name__
+    line = first_line(error, text)
     return re.sub(r"^(?:[\w$]+\.)+[\w$]+(?:Exception|Error): ", "", line)
 
 

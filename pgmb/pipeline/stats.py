@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .. import sql
+from ..db.error_text import first_line
 from .cli import Output, positive_int, say
 from .database import Database
 from .errors import PipelineError
@@ -175,8 +176,7 @@ def check_paths(archive: str | None, output: str | None) -> None:
 
 def _spark_error(e: Exception) -> str:
     """The first line of a Spark error, without Java's stack."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return first_line(e)
 
 
 def read_names(database: Database) -> list[tuple[str, str, str]]:

@@ -41,7 +41,7 @@ def row(at, delivered, failed=0, dead=0, *, queue="", worker="", p50=None, p95=N
 
 
 def points(range_, queue=None, worker=None, now=NOW):
-    from pgmb.deliveries import run
+    from pgmb.db.statements import run
 
     return run(series.series_call(range_, queue, worker, now=now))
 

@@ -12,7 +12,7 @@ import pytest
 
 import pgmb
 from pgmb import deliveries
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Attempt, DeadLetter, Delivery
 from tests.httpserver import hangup, reply, retry_after, slow

@@ -10,7 +10,7 @@ import threading
 import psycopg
 
 import pgmb
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Attempt
 from tests.indexes import SMALL, drained_backlog, index_sizes

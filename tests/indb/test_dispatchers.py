@@ -6,7 +6,7 @@ import threading
 
 import pgmb
 from pgmb import dispatchers
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.models import Delivery, DispatcherProcess
 from tests.waiting import wait_until
 

@@ -13,8 +13,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
 from pgmb import conf
+from pgmb.cli_args import positive
 from pgmb.consume import PREFETCH, Consumer
-from pgmb.management.commands.pgmb_dispatch import _positive
+from pgmb.db.error_text import first_line
 
 
 class Command(BaseCommand):
@@ -37,7 +38,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--batch",
-            type=_positive(int),
+            type=positive(int),
             default=None,
             metavar="N",
             help="Call the handler with lists of up to N messages (default: one message per "
@@ -45,7 +46,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--vt",
-            type=_positive(float),
+            type=positive(float),
             default=None,
             metavar="SECONDS",
             help="Visibility timeout of each read (default: the queue's lease); extended "
@@ -53,14 +54,14 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive(float),
+            type=positive(float),
             default=conf.get().DISPATCH_POLL_INTERVAL,
             metavar="SECONDS",
             help="Longest wait between reads when no notification arrives (default %(default)s).",
         )
         parser.add_argument(
             "--max-messages",
-            type=_positive(int),
+            type=positive(int),
             default=None,
             metavar="N",
             help="Stop once N messages were handled (deleted or failed).",
@@ -87,7 +88,7 @@ class Command(BaseCommand):
             try:
                 conn = consumer.connect_waiting()
             except psycopg.Error as exc:
-                raise CommandError(str(exc).strip().splitlines()[0]) from exc
+                raise CommandError(first_line(exc)) from exc
             if conn is None:
                 if opts["verbosity"] >= 1:
                     self.stdout.write("stopped before the database could be reached")

@@ -12,28 +12,14 @@ from django.db import DatabaseError, connections
 from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf
+from pgmb.cli_args import positive
+from pgmb.db.conninfo import conninfo_from_django
+from pgmb.db.error_text import database_reason
 from pgmb.dispatch import heap
-from pgmb.dispatch.database import conninfo_from_django
 from pgmb.dispatch.engine import Options
 from pgmb.dispatch.supervisor import Supervisor
 from pgmb.housekeeping import Thresholds
 from pgmb.models import Queue
-
-from .pgmb_send import database_reason
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ValueError(text) from None
-        if value <= 0:
-            raise ValueError(text)
-        return value
-
-    parse.__name__ = f"positive {kind.__name__}"
-    return parse
 
 
 class Command(BaseCommand):
@@ -62,19 +48,19 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive(int),
+            type=positive(int),
             default=settings.DISPATCH_CONCURRENCY,
             help="Requests in flight at most (default %(default)s).",
         )
         parser.add_argument(
             "--batch",
-            type=_positive(int),
+            type=positive(int),
             default=settings.DISPATCH_BATCH,
             help="Deliveries claimed per query at most (default %(default)s).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive(float),
+            type=positive(float),
             default=settings.DISPATCH_POLL_INTERVAL,
             help="Longest wait between polls when no notification arrives, in seconds.",
         )
@@ -86,7 +72,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--give-up-after",
-            type=_positive(float),
+            type=positive(float),
             default=None,
             metavar="SECONDS",
             help="Exit with an error once the database has been unreachable this long "
@@ -94,7 +80,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-seconds",
-            type=_positive(float),
+            type=positive(float),
             default=None,
             help="Stop (gracefully) after this many seconds.",
         )

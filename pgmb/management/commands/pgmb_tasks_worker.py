@@ -14,11 +14,12 @@ import psycopg
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import OperationalError, connections
 
+from pgmb.cli_args import positive
 from pgmb.consume import Consumer
-from pgmb.dispatch.backoff import Backoff
-from pgmb.dispatch.database import WARN_EVERY, _first_line
+from pgmb.db.backoff import Backoff
+from pgmb.db.error_text import first_line
+from pgmb.db.reconnecting import WARN_EVERY
 from pgmb.errors import PgmbError
-from pgmb.management.commands.pgmb_dispatch import _positive
 from pgmb.tasks import PgmbBackend
 from pgmb.tasks.compat import DEFAULT_TASK_QUEUE_NAME, task_backends
 from pgmb.tasks.worker import ensure_queues, run_message
@@ -49,7 +50,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--vt",
-            type=_positive(float),
+            type=positive(float),
             default=None,
             metavar="SECONDS",
             help="Visibility timeout of each read, extended while the task runs: how long a "
@@ -131,7 +132,7 @@ class Command(BaseCommand):
                 now = time.monotonic()
                 if warned_at is None or now - warned_at >= WARN_EVERY:
                     warned_at = now
-                    log.warning("cannot reach the database (%s): trying again", _first_line(exc))
+                    log.warning("cannot reach the database (%s): trying again", first_line(exc))
                 if stopping.wait(backoff.next()):
                     return None
             except (PgmbError, ValueError) as exc:
@@ -150,7 +151,7 @@ class Command(BaseCommand):
         except psycopg.Error as exc:
             for consumer in consumers:
                 consumer.close()
-            raise CommandError(str(exc).strip().splitlines()[0]) from exc
+            raise CommandError(first_line(exc)) from exc
         return queues
 
     def _run(self, consumers: list[Consumer], verbosity: int, queues: list[str]) -> list[str]:

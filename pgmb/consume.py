@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from . import conf, dispatchers, sql
+from . import conf, dispatcher_registry, sql
 from .db.backoff import Backoff
 from .db.conninfo import conninfo_from_django
 from .db.reconnecting import WARN_EVERY
@@ -142,8 +142,8 @@ class Consumer:
                 self.vt = float(lease)
             self.registration = run_on(
                 conn,
-                dispatchers.start_call(
-                    dispatchers.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
+                dispatcher_registry.start_call(
+                    dispatcher_registry.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
                 ),
             )
         except psycopg.OperationalError as exc:
@@ -237,7 +237,10 @@ class Consumer:
             return
         try:
             if self.registration is not None:
-                run_on(conn, dispatchers.stop_call(self.registration, self.deleted, self.failed))
+                run_on(
+                    conn,
+                    dispatcher_registry.stop_call(self.registration, self.deleted, self.failed),
+                )
         except psycopg.Error as exc:
             log.warning("could not mark the consumer stopped: %s", exc)
         finally:
@@ -256,18 +259,18 @@ class Consumer:
         registration = self.registration
         if registration is None:
             return None
-        return dispatchers.beat_call(registration, held, self.deleted, self.failed)
+        return dispatcher_registry.beat_call(registration, held, self.deleted, self.failed)
 
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         if time.monotonic() < self._next_beat or self.registration is None:
             return
         self._next_beat = time.monotonic() + self.heartbeat
-        run_on(conn, dispatchers.beat_call(self.registration, 0, self.deleted, self.failed))
+        run_on(conn, dispatcher_registry.beat_call(self.registration, 0, self.deleted, self.failed))
 
     def _busy(self, conn: psycopg.Connection[Any], got: int) -> None:
         # Publishers need not wake a consumer that reads full batches.
         if self._waiting and got >= self._qty() and self.registration is not None:
-            run_on(conn, dispatchers.busy_call(self.registration))
+            run_on(conn, dispatcher_registry.busy_call(self.registration))
             self._waiting = self._settled = False
 
     def _handle(self, conn: psycopg.Connection[Any], messages: list[Message]) -> None:
@@ -317,7 +320,7 @@ class Consumer:
         or the poll interval (heartbeats go on meanwhile; they do not end the wait)."""
         if not self._settled and self.registration is not None:
             self._waiting = True
-            self._settled = run_on(conn, dispatchers.idle_call(self.registration))
+            self._settled = run_on(conn, dispatcher_registry.idle_call(self.registration))
             if not self._settled:
                 # A message insert was in flight: it may not have seen the mark. Read again
                 # shortly and ask once more.

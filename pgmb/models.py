@@ -24,9 +24,9 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from . import routing, sql
-from .dispatch import request
 from .errors import PgmbError
 from .ids import uuid7
+from .worker_request import secret_problem
 
 
 def _validate(check: Callable[..., object], *args: Any) -> None:
@@ -73,8 +73,8 @@ def validate_endpoint(value: str) -> None:
 
 
 def validate_secret(value: str) -> None:
-    """The secret rule of :func:`pgmb.dispatch.request.secret_problem` (``pgmb.secret_key``)."""
-    problem = request.secret_problem(value) if isinstance(value, str) else "it must be a text"
+    """The secret rule of :func:`pgmb.worker_request.secret_problem` (``pgmb.secret_key``)."""
+    problem = secret_problem(value) if isinstance(value, str) else "it must be a text"
     if problem is not None:
         raise ValidationError(
             _("Invalid secret: %(problem)s."), code="invalid", params={"problem": problem}

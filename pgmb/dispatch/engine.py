@@ -30,16 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import breakers, deliveries, dispatchers, housekeeping
+from .. import breakers, deliveries, dispatcher_registry, housekeeping
 from ..db.backoff import Backoff
 from ..db.error_text import first_line
 from ..db.reconnecting import Database, Unavailable, listen
 from ..db.statements import Call
 from ..deliveries import Claimed, Failure, Success
 from ..housekeeping import Thresholds
+from ..worker_request import build_headers
 from .client import Outcome, new_session, post
 from .pacing import UNPACED_RPS, Pacer
-from .request import build_headers
 
 log = logging.getLogger("pgmb.dispatch")
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class Options:
     #: (None: keep trying; a dispatcher that runs as a service should).
     give_up_after: float | None = None
     body_limit: int = 500
-    #: Seconds between heartbeats in pgmb_dispatcher (what pgmb.dispatchers shows).
+    #: Seconds between heartbeats in pgmb_dispatcher (the SQL view pgmb.dispatchers).
     heartbeat_interval: float = 5.0
     #: Seconds between looks at pgmb_delivery's indexes (pgmb.housekeeping), each once
     #: work has been drained (0: never; the command sets PGMB['HOUSEKEEPING_INTERVAL']).
@@ -380,7 +380,7 @@ class Dispatcher:
         if self.registration is None:
             return self.options.poll_interval
         try:
-            settled = await self._claims.run(dispatchers.idle_call(self.registration))
+            settled = await self._claims.run(dispatcher_registry.idle_call(self.registration))
         except Unavailable:
             raise
         except Exception as exc:
@@ -398,7 +398,7 @@ class Dispatcher:
         wake it (one write per busy spell, none while the mark is already clear)."""
         if self._waiting is not False and self.registration is not None:
             try:
-                await self._claims.run(dispatchers.busy_call(self.registration))
+                await self._claims.run(dispatcher_registry.busy_call(self.registration))
             except Unavailable:
                 raise
             except Exception as exc:
@@ -421,14 +421,17 @@ class Dispatcher:
         stats = self.stats
         try:
             if self.registration is not None and await self._claims.run(
-                dispatchers.beat_call(
+                dispatcher_registry.beat_call(
                     self.registration, len(self._inflight), stats.delivered, stats.failed
                 )
             ):
                 return
             self.registration = await self._claims.run(
-                dispatchers.start_call(
-                    dispatchers.EXTERNAL, socket.gethostname(), os.getpid(), self.options.queues
+                dispatcher_registry.start_call(
+                    dispatcher_registry.EXTERNAL,
+                    socket.gethostname(),
+                    os.getpid(),
+                    self.options.queues,
                 )
             )
             self._waiting, self._settled = None, False  # a new row: not said yet
@@ -449,7 +452,9 @@ class Dispatcher:
             return
         try:
             await self._claims.run(
-                dispatchers.stop_call(self.registration, self.stats.delivered, self.stats.failed)
+                dispatcher_registry.stop_call(
+                    self.registration, self.stats.delivered, self.stats.failed
+                )
             )
         except Exception as exc:
             log.warning(

@@ -36,11 +36,11 @@ from psycopg import sql as pgsql
 
 from .. import sql
 from ..archive_age import DEFAULT_OLDER_THAN_DAYS, days_problem
+from ..errors import PipelineError
 from . import jdbc
 from .cli import Output, positive_int, say
-from .database import Database
-from .errors import PipelineError
 from .hadoopfs import HadoopFS, Usage, reason
+from .postgres import Database
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -2,7 +2,7 @@
 
 Paths are Hadoop URIs (``file:/…``, ``hdfs://…``, ``s3a://…``; a path without a scheme is
 on the cluster's default file system, as for Spark's own readers and writers). Every
-failure of the file system becomes a :class:`~pgmb.pipeline.errors.PipelineError` naming
+failure of the file system becomes a :class:`~pgmb.errors.PipelineError` naming
 the path.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..db.error_text import first_line
-from .errors import PipelineError
+from ..errors import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -31,9 +31,9 @@ from pgmb.errors import PgmbError
 from pgmb.routing import validate_routing_key
 
 from ..db.error_text import first_line
+from ..errors import PipelineError
 from .cli import Output, positive_int, say
-from .database import Database
-from .errors import PipelineError
+from .postgres import Database
 from .publish_input import (
     FORMATS,
     Columns,

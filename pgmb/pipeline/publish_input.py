@@ -6,7 +6,7 @@ JVM (picking columns, turning structs into JSON texts, timestamps into ISO texts
 here; what needs pgmb's rules is checked row by row on the executors.
 
 Every fault that can be seen from the driver (no such file, an unknown format, a missing
-column, a column of the wrong type) is a :class:`~pgmb.pipeline.errors.PipelineError`
+column, a column of the wrong type) is a :class:`~pgmb.errors.PipelineError`
 raised before any row is read.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..db.error_text import first_line
-from .errors import PipelineError
+from ..errors import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -7,7 +7,7 @@ all its queues, and all queues together: attempts, delivered (acks), failed (ret
 dead-lettered, expired), attempts per delivered message, the latency from publishing to
 the ack (p50/p95/p99, ``percentile_approx``) and the three most frequent error statuses.
 The rows are upserted into ``pgmb_statistics`` (:class:`pgmb.models.HourlyStatistics`,
-read with :mod:`pgmb.statistics`) and, with ``--output``, written as Parquet.
+read with :mod:`pgmb.hourly_stats`) and, with ``--output``, written as Parquet.
 
 The attempts come from PostgreSQL (Spark's JDBC source, split into ranges of the attempt
 id) and, with ``--include-archive PATH``, from the archive's Parquet datasets
@@ -28,11 +28,11 @@ from urllib.parse import urlsplit
 
 from .. import sql
 from ..db.error_text import first_line
+from ..errors import PipelineError
 from .cli import Output, positive_int, say
-from .database import Database
-from .errors import PipelineError
 from .hourly import ALL, attempt_rows, figures
 from .jdbc import read_ranges, subquery
+from .postgres import Database
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -31,7 +31,8 @@ from django.db import connection, transaction
 
 import pgmb
 from pgmb import deliveries, durations, models, routing
-from pgmb.dispatch import client, request
+from pgmb import worker_request as request
+from pgmb.dispatch import client
 from pgmb.errors import InvalidDelay
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,7 @@ from pgmb import conf
 from pgmb.cli_args import positive
 from pgmb.db.conninfo import conninfo_from_django
 from pgmb.db.error_text import database_reason
-from pgmb.dispatch import heap
+from pgmb.dispatch import gc_tuning
 from pgmb.dispatch.engine import Options
 from pgmb.dispatch.supervisor import Supervisor
 from pgmb.housekeeping import Thresholds
@@ -108,11 +108,11 @@ class Command(BaseCommand):
             vacuum_every=settings.HOUSEKEEPING_VACUUM_EVERY,
         )
         supervisor = Supervisor({alias: conninfo_from_django(alias) for alias in aliases}, options)
-        frozen = heap.settle()
+        frozen = gc_tuning.settle()
         logging.getLogger("pgmb.dispatch").debug(
             "heap settled: %d objects frozen, young collections every %d allocations",
             frozen,
-            heap.YOUNG_THRESHOLD,
+            gc_tuning.YOUNG_THRESHOLD,
         )
         served = asyncio.run(supervisor.run())
         if opts["verbosity"] >= 1:

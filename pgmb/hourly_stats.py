@@ -1,11 +1,11 @@
 """Hourly delivery statistics, as the Spark pipeline's ``stats`` job left them in
 ``pgmb_statistics`` (:class:`pgmb.models.HourlyStatistics`), for charts of long ranges::
 
-    from pgmb import statistics
-    totals = statistics.hourly(since, until)                     # every queue, per hour
-    alpha = statistics.hourly(since, until, worker="alpha")      # one worker's queues
-    orders = statistics.hourly(since, until, queue="orders")     # one queue
-    statistics.latest()                                          # the newest hour there is
+    from pgmb import hourly_stats
+    totals = hourly_stats.hourly(since, until)                     # every queue, per hour
+    alpha = hourly_stats.hourly(since, until, worker="alpha")      # one worker's queues
+    orders = hourly_stats.hourly(since, until, queue="orders")     # one queue
+    hourly_stats.latest()                                          # the newest hour there is
 
 Hours are UTC and whole; a row covers ``[hour, hour + 1 h)``. The figures are as fresh as
 the job's last run (``manage.py pgmb_pipeline stats``, see docs/pipeline.md): the live

@@ -5,7 +5,7 @@ would let another reader take it and run it a second time, at once. :class:`Held
 prevents that: while a consumer holds messages, a background thread moves their timeout
 to ``now + vt`` every third of ``vt`` (``pgmb.set_vt``), on a connection of its own, since
 the consumer's thread is busy in the handler. Nothing extends them once the process dies:
-they come back after at most one ``vt``, as before.
+they come back after at most one ``vt``.
 
 The same thread keeps the consumer's heartbeat going while it holds messages (the
 consumer's own loop beats only between handlers): a handler that runs for minutes must not

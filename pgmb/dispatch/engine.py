@@ -124,10 +124,10 @@ class Dispatcher:
         self._outcome_ready = self.outcomes.ready
         # Claims run ahead of the requests: up to `_prefetch` claimed rows wait in `_ready`
         # for a slot, so that a slot freed while a claim is on its way is filled at once.
-        # (Claiming only for free slots, as before, left half the slots idle during each
-        # claim's round trip: it was the largest of the costs that held deliveries/s to a
-        # third of the HTTP client's.) A claim is sent once `_claim_at` rows or more can be
-        # taken: one query per freed slot would cost more than it brings.
+        # (Claiming only for free slots would leave half the slots idle during each
+        # claim's round trip, holding deliveries/s to a third of the HTTP client's.) A claim
+        # is sent once `_claim_at` rows or more can be taken: one query per freed slot
+        # would cost more than it brings.
         self._prefetch = min(options.batch, options.concurrency)
         self._most = options.concurrency + self._prefetch
         self._claim_at = max(1, self._prefetch // 2)

@@ -39,8 +39,8 @@ class Settings:
     #: Seconds `pgmb_dispatch --until-idle` keeps trying to reach an unreachable database
     #: before it exits with an error (a dispatcher without --until-idle never gives up).
     DISPATCH_GIVE_UP: float = 30.0
-    #: Seconds between a dispatcher's heartbeats (pgmb.dispatchers). At most 20: one
-    #: without a heartbeat for 60 s is shown as gone (pgmb.dispatchers.GONE_AFTER).
+    #: Seconds between a dispatcher's heartbeats (pgmb.dispatcher_registry). At most 20: one
+    #: without a heartbeat for 60 s is shown as gone (pgmb.dispatcher_registry.GONE_AFTER).
     DISPATCH_HEARTBEAT_INTERVAL: float = 5.0
     #: How much of a failed response's body is kept in the history, in bytes.
     RESPONSE_BODY_LIMIT: int = 500
@@ -78,7 +78,8 @@ _cache: Settings | None = None
 #: The shortest METRICS_TOKEN accepted: a bearer token is a password.
 METRICS_TOKEN_MIN_LENGTH = 16
 
-#: A third of the 60 s after which a silent dispatcher is shown as gone (pgmb.dispatchers).
+#: A third of the 60 s after which a silent dispatcher is shown as gone
+#: (pgmb.dispatcher_registry).
 MAX_HEARTBEAT_INTERVAL = 20.0
 #: Settings that existed once, and where their job went.
 _REMOVED = {

@@ -726,7 +726,7 @@ class Attempt(models.Model):
 class DispatcherProcess(models.Model):
     """A dispatcher that registered itself: running, gone (no heartbeat for a while) or
     stopped. Rows are written only through ``pgmb.dispatcher_start``, ``_beat`` and
-    ``_stop`` (``pgmb.dispatchers``); its state comes from ``pgmb.dispatcher_state``."""
+    ``_stop`` (the view ``pgmb.dispatchers``); its state comes from ``pgmb.dispatcher_state``."""
 
     class Kind(models.TextChoices):
         EXTERNAL = "external", _("external (pgmb_dispatch)")
@@ -789,7 +789,7 @@ class Dashboard(models.Model):
 
 class HourlyStatistics(models.Model):
     """Delivery figures of one UTC hour, computed from the attempt history by the Spark
-    pipeline's ``stats`` job (:mod:`pgmb.pipeline.stats`) and read with :mod:`pgmb.statistics`.
+    pipeline's ``stats`` job (:mod:`pgmb.pipeline.stats`) and read with :mod:`pgmb.hourly_stats`.
 
     A row is one queue (with its worker), one worker over all its queues (``queue_name``
     empty), or every queue (both names empty). Names, not foreign keys: the figures outlive

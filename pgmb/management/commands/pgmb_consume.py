@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +14,7 @@ from pgmb import conf
 from pgmb.cli_args import positive
 from pgmb.consume import PREFETCH, Consumer
 from pgmb.db.error_text import first_line
+from pgmb.process_logging import log_to_stderr
 
 
 class Command(BaseCommand):
@@ -69,7 +68,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         handler = self._handler(opts["handler"])
-        self._configure_logging(opts["verbosity"])
+        log_to_stderr(("pgmb.consume",), opts["verbosity"])
         consumer = Consumer(
             opts["queue"],
             handler,
@@ -111,11 +110,3 @@ class Command(BaseCommand):
         if not callable(handler):
             raise CommandError(f"the handler {path!r} is not callable")
         return handler
-
-    def _configure_logging(self, verbosity: int) -> None:
-        logger = logging.getLogger("pgmb.consume")
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-            logger.addHandler(handler)
-        logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

@@ -111,3 +111,9 @@ def test_the_settings_import_only_leaves():
         check=True,
     )
     assert loaded.stdout.split() == sorted({"pgmb", "pgmb.conf", *leaves})
+
+
+def test_the_models_import_neither_the_dispatcher_nor_what_uses_them():
+    below = {source for source, _ in _imports("pgmb.models")}
+    assert not [m for m in below if m.startswith("pgmb.dispatch")]
+    assert not [m for m in below if "pgmb.models" in {s for s, _ in _imports(m)}]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import breakers, deliveries
+from ..conf import Settings
 from ..db.error_text import first_line
 from ..db.reconnecting import Database, Unavailable, listen
 from ..db.statements import Call
@@ -49,21 +50,22 @@ SHUTDOWN_GRACE = 10.0
 
 @dataclass(frozen=True)
 class Options:
-    """How a dispatcher runs (see ``manage.py pgmb_dispatch --help``)."""
+    """How a dispatcher runs (see ``manage.py pgmb_dispatch --help``); the defaults are
+    the settings' (:class:`pgmb.conf.Settings`)."""
 
     queues: list[str] | None = None
-    concurrency: int = 64
-    batch: int = 100
-    poll_interval: float = 1.0
-    reclaim_interval: float = 5.0
+    concurrency: int = Settings.DISPATCH_CONCURRENCY
+    batch: int = Settings.DISPATCH_BATCH
+    poll_interval: float = Settings.DISPATCH_POLL_INTERVAL
+    reclaim_interval: float = Settings.DISPATCH_RECLAIM_INTERVAL
     until_idle: bool = False
     max_seconds: float | None = None
     #: Exit with :class:`Unavailable` once the database has been unreachable this long
     #: (None: keep trying; a dispatcher that runs as a service should).
     give_up_after: float | None = None
-    body_limit: int = 500
+    body_limit: int = Settings.RESPONSE_BODY_LIMIT
     #: Seconds between heartbeats in pgmb_dispatcher (the SQL view pgmb.dispatchers).
-    heartbeat_interval: float = 5.0
+    heartbeat_interval: float = Settings.DISPATCH_HEARTBEAT_INTERVAL
     #: Seconds between looks at pgmb_delivery's indexes (pgmb.housekeeping), each once
     #: work has been drained (0: never; the command sets PGMB['HOUSEKEEPING_INTERVAL']).
     housekeeping_interval: float = 0.0

@@ -202,3 +202,18 @@ def envelope(
         parse_id(value["id"], "id") if value.get("id") is not None else None,
         **chosen,
     )
+
+
+def command_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The message options (:data:`FILE_OPTIONS`, :data:`SINGLE_OPTIONS`) a command was
+    given, parsed (``--retry-delay``, ``--depends-on``); those not given are left out."""
+    chosen: dict[str, Any] = {
+        name: options[name]
+        for name in (*FILE_OPTIONS, *SINGLE_OPTIONS)
+        if options[name] is not None
+    }
+    if "retry_delay" in chosen:
+        chosen["retry_delay"] = parse_retry_delay(chosen["retry_delay"], "--retry-delay")
+    if "depends_on" in chosen:
+        chosen["depends_on"] = parse_depends_on(chosen["depends_on"], "--depends-on")
+    return chosen

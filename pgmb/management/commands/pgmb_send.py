@@ -20,7 +20,6 @@ anywhere publishes nothing and the error names the line.
 from __future__ import annotations
 
 import sys
-import time
 from contextlib import ExitStack
 from typing import IO, Any
 
@@ -34,51 +33,18 @@ from pgmb.db.error_text import database_reason, one_line
 from pgmb.durations import parse_delay
 from pgmb.errors import PgmbError
 from pgmb.message_input import (
-    FILE_OPTIONS,
     SINGLE_OPTIONS,
     Delay,
     LineError,
-    parse_depends_on,
+    command_options,
     parse_headers,
     parse_id,
     parse_json,
-    parse_retry_delay,
 )
 from pgmb.publish import send, unrouted
 from pgmb.publish_file import remaining_bytes, send_file
 from pgmb.routing import validate_routing_key
-
-
-class Progress:
-    """A one-line progress report on a terminal, redrawn at most ten times a second."""
-
-    def __init__(self, out: Any, total_bytes: int | None, enabled: bool) -> None:
-        self.out, self.total, self.enabled = out, total_bytes, enabled
-        self.started = self.drawn = time.monotonic()
-        self.shown = False
-
-    def update(self, messages: int, done_bytes: int, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self.drawn < 0.1):
-            return
-        self.drawn = now
-        rate = messages / max(now - self.started, 1e-6)
-        text = f"{messages:,} messages, {rate:,.0f}/s"
-        if self.total:
-            share = min(done_bytes / self.total, 1.0)
-            bar = "#" * int(share * 30)
-            text = f"{share:4.0%} [{bar:<30}] {text}"
-        self._write(f"\r\x1b[2K{text}")
-        self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            self._write("\r\x1b[2K")
-
-    def _write(self, text: str) -> None:
-        # Plain text: stderr's default style would paint the bar as an error.
-        self.out.write(text, style_func=str, ending="")
-        self.out.flush()
+from pgmb.terminal_progress import Progress
 
 
 class Command(BaseCommand):
@@ -197,19 +163,7 @@ class Command(BaseCommand):
             else None
         )
         delay = parse_delay(options["delay"]) if options["delay"] is not None else None
-        message_options: dict[str, Any] = {
-            name: options[name]
-            for name in (*FILE_OPTIONS, *SINGLE_OPTIONS)
-            if options[name] is not None
-        }
-        if "retry_delay" in message_options:
-            message_options["retry_delay"] = parse_retry_delay(
-                message_options["retry_delay"], "--retry-delay"
-            )
-        if "depends_on" in message_options:
-            message_options["depends_on"] = parse_depends_on(
-                message_options["depends_on"], "--depends-on"
-            )
+        message_options = command_options(options)
 
         if path is None:
             message_id = parse_id(options["id"], "--id") if options["id"] is not None else None

@@ -104,7 +104,7 @@ def publish(queue: str, n: int) -> None:
 
 def sample_headers() -> dict[str, str]:
     """The headers the dispatcher sends with one delivery to the fast worker."""
-    from pgmb.dispatch.request import build_headers
+    from pgmb.worker_request import build_headers
 
     return build_headers(
         message_id=str(uuid.uuid4()),

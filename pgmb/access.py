@@ -1,4 +1,4 @@
-"""Access control for database roles other than the application's (migration 0021).
+"""Access control for database roles other than the application's (the SQL in pgmb/sql/).
 
 Three group roles: ``pgmb_producer`` may publish with ``pgmb.send``, ``pgmb_consumer`` may
 consume the queues granted to it, ``pgmb_admin`` may do anything. The functions here run

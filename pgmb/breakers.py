@@ -1,7 +1,7 @@
 """The circuit breaker of a worker: closing it by hand, and hearing of its transitions.
 
 A worker with ``breaker_failures`` or ``breaker_rate`` set is paused by the database when
-its endpoint keeps failing, and probed before it resumes (migration 0022; the transitions
+its endpoint keeps failing, and probed before it resumes (the SQL in pgmb/sql/: the transitions
 are made by ``pgmb.breaker_settle``, ``pgmb.breaker_admit`` and ``pgmb.breaker_reset``, in
 SQL, for both dispatchers). Each transition raises one WARNING with SQLSTATE
 :data:`NOTICE_SQLSTATE` whose DETAIL is a JSON object (worker, state, reason): the server
@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import sql
-from .deliveries import Call, _count, run
+from .db.statements import Call, run
+from .db.values import count
 
 log = logging.getLogger("pgmb.dispatch")
 
@@ -34,7 +35,7 @@ STATES = {"closed": "closed", "open": "open", "half_open": "half-open"}
 
 def reset_call(worker_ids: Iterable[uuid.UUID | str]) -> Call[int]:
     ids = [i if isinstance(i, uuid.UUID) else uuid.UUID(str(i)) for i in worker_ids]
-    return Call(sql.query("breakers.sql", "reset"), {"ids": ids}, _count)
+    return Call(sql.query("breakers.sql", "reset"), {"ids": ids}, count)
 
 
 def reset(worker_ids: Iterable[uuid.UUID | str], *, using: str | None = None) -> int:

@@ -13,8 +13,12 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from .housekeeping import DEFAULT_BLOAT_FACTOR, DEFAULT_MIN_INDEX_BYTES
-from .pipeline.archive import DEFAULT_OLDER_THAN_DAYS, days_problem
+from .archive_age import DEFAULT_OLDER_THAN_DAYS, days_problem
+
+#: The defaults of HOUSEKEEPING_MIN_INDEX_BYTES and HOUSEKEEPING_BLOAT_FACTOR, also those of
+#: pgmb.housekeeping.Thresholds (a call that passes no thresholds).
+DEFAULT_MIN_INDEX_BYTES = 1024 * 1024
+DEFAULT_BLOAT_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,8 @@ class Settings:
     #: Seconds `pgmb_dispatch --until-idle` keeps trying to reach an unreachable database
     #: before it exits with an error (a dispatcher without --until-idle never gives up).
     DISPATCH_GIVE_UP: float = 30.0
-    #: Seconds between a dispatcher's heartbeats (pgmb.dispatchers). At most 20: one
-    #: without a heartbeat for 60 s is shown as gone (pgmb.dispatchers.GONE_AFTER).
+    #: Seconds between a dispatcher's heartbeats (pgmb.dispatcher_registry). At most 20: one
+    #: without a heartbeat for 60 s is shown as gone (pgmb.dispatcher_registry.GONE_AFTER).
     DISPATCH_HEARTBEAT_INTERVAL: float = 5.0
     #: How much of a failed response's body is kept in the history, in bytes.
     RESPONSE_BODY_LIMIT: int = 500
@@ -46,7 +50,7 @@ class Settings:
     #: Seconds after which the admin dashboard reloads itself; 0: it does not.
     DASHBOARD_REFRESH: int = 30
     #: Days after which `manage.py pgmb_pipeline archive` archives a finished message when
-    #: no --older-than is given (a positive number; fractions allowed).
+    #: no --older-than is given (fractions allowed; 0: every finished message).
     PIPELINE_ARCHIVE_OLDER_THAN_DAYS: float = DEFAULT_OLDER_THAN_DAYS
     #: Housekeeping of pgmb_delivery's indexes (pgmb.housekeeping): the external
     #: dispatcher looks, once it has drained work, at most once per this many seconds
@@ -74,7 +78,8 @@ _cache: Settings | None = None
 #: The shortest METRICS_TOKEN accepted: a bearer token is a password.
 METRICS_TOKEN_MIN_LENGTH = 16
 
-#: A third of the 60 s after which a silent dispatcher is shown as gone (pgmb.dispatchers).
+#: A third of the 60 s after which a silent dispatcher is shown as gone
+#: (pgmb.dispatcher_registry).
 MAX_HEARTBEAT_INTERVAL = 20.0
 #: Settings that existed once, and where their job went.
 _REMOVED = {

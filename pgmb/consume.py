@@ -36,11 +36,11 @@ from typing import Any
 
 import psycopg
 
-from . import conf, dispatchers, sql
-from .deliveries import Call
-from .deliveries import run_on as _run
-from .dispatch.backoff import Backoff
-from .dispatch.database import WARN_EVERY, conninfo_from_django
+from . import conf, dispatcher_registry, sql
+from .db.backoff import Backoff
+from .db.conninfo import conninfo_from_django
+from .db.reconnecting import WARN_EVERY
+from .db.statements import Call, run_on
 from .held_messages import HeldMessages
 from .pull import (
     Message,
@@ -137,13 +137,13 @@ class Consumer:
             conn.execute(sql.query("dispatcher.sql", "listen"))
             # Checks the queue (unknown, or not a pull queue: an error) and gives the
             # default visibility timeout, the queue's lease.
-            lease = _run(conn, queue_lease_call(self.queue))
+            lease = run_on(conn, queue_lease_call(self.queue))
             if self.vt is None:
                 self.vt = float(lease)
-            self.registration = _run(
+            self.registration = run_on(
                 conn,
-                dispatchers.start_call(
-                    dispatchers.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
+                dispatcher_registry.start_call(
+                    dispatcher_registry.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
                 ),
             )
         except psycopg.OperationalError as exc:
@@ -183,7 +183,7 @@ class Consumer:
 
     def _step(self, conn: psycopg.Connection[Any]) -> None:
         self._beat(conn)
-        messages = _run(conn, read_call(self.queue, self.vt or 0, self._qty()))
+        messages = run_on(conn, read_call(self.queue, self.vt or 0, self._qty()))
         if messages:
             self._busy(conn, len(messages))
             self._handle(conn, messages)
@@ -237,7 +237,10 @@ class Consumer:
             return
         try:
             if self.registration is not None:
-                _run(conn, dispatchers.stop_call(self.registration, self.deleted, self.failed))
+                run_on(
+                    conn,
+                    dispatcher_registry.stop_call(self.registration, self.deleted, self.failed),
+                )
         except psycopg.Error as exc:
             log.warning("could not mark the consumer stopped: %s", exc)
         finally:
@@ -256,18 +259,18 @@ class Consumer:
         registration = self.registration
         if registration is None:
             return None
-        return dispatchers.beat_call(registration, held, self.deleted, self.failed)
+        return dispatcher_registry.beat_call(registration, held, self.deleted, self.failed)
 
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         if time.monotonic() < self._next_beat or self.registration is None:
             return
         self._next_beat = time.monotonic() + self.heartbeat
-        _run(conn, dispatchers.beat_call(self.registration, 0, self.deleted, self.failed))
+        run_on(conn, dispatcher_registry.beat_call(self.registration, 0, self.deleted, self.failed))
 
     def _busy(self, conn: psycopg.Connection[Any], got: int) -> None:
         # Publishers need not wake a consumer that reads full batches.
         if self._waiting and got >= self._qty() and self.registration is not None:
-            _run(conn, dispatchers.busy_call(self.registration))
+            run_on(conn, dispatcher_registry.busy_call(self.registration))
             self._waiting = self._settled = False
 
     def _handle(self, conn: psycopg.Connection[Any], messages: list[Message]) -> None:
@@ -301,11 +304,11 @@ class Consumer:
             self._held.release(messages)
         if rest:
             # Stopping: what was read and not handled is visible again at once.
-            _run(conn, set_vt_call(self.queue, rest, 0))
+            run_on(conn, set_vt_call(self.queue, rest, 0))
         if done:
-            self.deleted += len(_run(conn, delete_call(self.queue, done)))
+            self.deleted += len(run_on(conn, delete_call(self.queue, done)))
         if failed:
-            _run(
+            run_on(
                 conn,
                 nack_call(self.queue, [m for m, _ in failed], [e for _, e in failed]),
             )
@@ -317,13 +320,13 @@ class Consumer:
         or the poll interval (heartbeats go on meanwhile; they do not end the wait)."""
         if not self._settled and self.registration is not None:
             self._waiting = True
-            self._settled = _run(conn, dispatchers.idle_call(self.registration))
+            self._settled = run_on(conn, dispatcher_registry.idle_call(self.registration))
             if not self._settled:
                 # A message insert was in flight: it may not have seen the mark. Read again
                 # shortly and ask once more.
                 time.sleep(random.uniform(0.002, 0.05))  # noqa: S311 (jitter)
             return
-        due = _run(conn, next_visible_call(self.queue))
+        due = run_on(conn, next_visible_call(self.queue))
         # A visible message the read did not get is another reader's, being read right
         # now: a short pause, not a busy loop.
         self._sleep(

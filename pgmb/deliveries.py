@@ -3,35 +3,28 @@ reclaim, requeue, purge, replay.
 
 Every transition is one SQL function of schema ``pgmb`` (the single implementation both
 dispatchers share), called here once, with named parameters, from
-``pgmb/sql/queries/deliveries.sql``. Each call exists twice, with the same statement:
+``pgmb/sql/queries/deliveries.sql``. The functions run on a Django connection, inside the
+caller's transaction::
 
-* synchronously on a Django connection, inside the caller's transaction::
+    from pgmb import deliveries
+    deliveries.requeue_queue("order_queue")
+    for claim in deliveries.claim(["order_queue"], limit=10): ...
 
-      from pgmb import deliveries
-      deliveries.requeue_queue("order_queue")
-      for claim in deliveries.claim(["order_queue"], limit=10): ...
-
-* asynchronously on a psycopg ``AsyncConnection`` (the external dispatcher)::
-
-      claims = await deliveries.aclaim(conn, ["order_queue"], limit=10)
-
-The ``*_call`` functions build the statements themselves (:class:`Call`), for callers that
-run them their own way, such as the dispatcher's reconnecting connection.
+The ``*_call`` functions build the statements themselves (:class:`pgmb.db.statements.Call`),
+for callers that run them their own way, such as the external dispatcher on its
+reconnecting connections (:class:`pgmb.db.reconnecting.Database`).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from django.db import connections
-
-from . import conf, sql
-
-T = TypeVar("T")
+from . import sql
+from .db.statements import Call, run
+from .db.values import count, scalar, storable
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,32 +91,8 @@ class Recorded:
     failed: int
 
 
-@dataclass(frozen=True, slots=True)
-class Call(Generic[T]):
-    """One statement of the state machine, its parameters, and how to read its result."""
-
-    query: str
-    params: dict[str, Any]
-    #: Turns (column names, rows) into the result.
-    read: Callable[[list[str], list[tuple[Any, ...]]], T]
-
-
 def _statement(name: str) -> str:
     return sql.query("deliveries.sql", name)
-
-
-def _scalar(names: list[str], rows: list[tuple[Any, ...]]) -> Any:
-    return rows[0][0] if rows else None
-
-
-def _count(names: list[str], rows: list[tuple[Any, ...]]) -> int:
-    return int(_scalar(names, rows) or 0)
-
-
-def _jsonb(value: Any) -> Any:
-    # Django's PostgreSQL backend hands jsonb over as text (its JSONField decodes it); a
-    # plain psycopg connection, already decoded.
-    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 _CLAIMED_FIELDS = [f.name for f in fields(Claimed)]
@@ -150,7 +119,7 @@ def claim_call(queues: Iterable[str] | None = None, limit: int = 100) -> Call[li
 
 
 def start_call(claims: Sequence[Claimed]) -> Call[int]:
-    return Call(_statement("start"), _start_params(claims, ""), _count)
+    return Call(_statement("start"), _start_params(claims, ""), count)
 
 
 def _start_params(claims: Sequence[Claimed], prefix: str) -> dict[str, Any]:
@@ -161,7 +130,7 @@ def _start_params(claims: Sequence[Claimed], prefix: str) -> dict[str, Any]:
 
 
 def ack_call(successes: Sequence[Success]) -> Call[int]:
-    return Call(_statement("ack"), _ack_params(successes, ""), _count)
+    return Call(_statement("ack"), _ack_params(successes, ""), count)
 
 
 def _ack_params(successes: Sequence[Success], prefix: str) -> dict[str, Any]:
@@ -172,14 +141,8 @@ def _ack_params(successes: Sequence[Success], prefix: str) -> dict[str, Any]:
     }
 
 
-def _storable(text: str) -> str:
-    """``text`` as PostgreSQL can store it: an error may quote a worker's answer or an
-    exception, with NUL characters or lone surrogates in it."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def fail_call(failures: Sequence[Failure]) -> Call[int]:
-    return Call(_statement("fail"), _fail_params(failures, ""), _count)
+    return Call(_statement("fail"), _fail_params(failures, ""), count)
 
 
 def _fail_params(failures: Sequence[Failure], prefix: str) -> dict[str, Any]:
@@ -187,7 +150,7 @@ def _fail_params(failures: Sequence[Failure], prefix: str) -> dict[str, Any]:
         f"{prefix}ids": [f.delivery_id for f in failures],
         f"{prefix}lease_ids": [f.lease_id for f in failures],
         f"{prefix}statuses": [f.status for f in failures],
-        f"{prefix}errors": [_storable(f.error) for f in failures],
+        f"{prefix}errors": [storable(f.error) for f in failures],
         f"{prefix}retry_after": [f.retry_after for f in failures],
         f"{prefix}durations_ms": [f.duration_ms for f in failures],
     }
@@ -215,28 +178,28 @@ def release_call(claims: Sequence[Claimed]) -> Call[int]:
     return Call(
         _statement("release"),
         {"ids": [c.delivery_id for c in claims], "lease_ids": [c.lease_id for c in claims]},
-        _count,
+        count,
     )
 
 
 def reclaim_expired_call(limit: int = 1000) -> Call[int]:
-    return Call(_statement("reclaim_expired"), {"limit": limit}, _count)
+    return Call(_statement("reclaim_expired"), {"limit": limit}, count)
 
 
 def requeue_call(dead_letter_ids: int | Iterable[int]) -> Call[int]:
-    return Call(_statement("requeue"), {"ids": _ids(dead_letter_ids)}, _count)
+    return Call(_statement("requeue"), {"ids": _ids(dead_letter_ids)}, count)
 
 
 def requeue_queue_call(queue: str) -> Call[int]:
-    return Call(_statement("requeue_queue"), {"queue": queue}, _count)
+    return Call(_statement("requeue_queue"), {"queue": queue}, count)
 
 
 def purge_dead_letters_call(dead_letter_ids: int | Iterable[int]) -> Call[int]:
-    return Call(_statement("purge_dead_letters"), {"ids": _ids(dead_letter_ids)}, _count)
+    return Call(_statement("purge_dead_letters"), {"ids": _ids(dead_letter_ids)}, count)
 
 
 def purge_queue_dead_letters_call(queue: str) -> Call[int]:
-    return Call(_statement("purge_queue_dead_letters"), {"queue": queue}, _count)
+    return Call(_statement("purge_queue_dead_letters"), {"queue": queue}, count)
 
 
 def _message_ids(ids: uuid.UUID | str | Iterable[uuid.UUID | str]) -> list[uuid.UUID]:
@@ -249,47 +212,16 @@ def replay_call(
     message_ids: uuid.UUID | str | Iterable[uuid.UUID | str], queues: Iterable[str] | None = None
 ) -> Call[int]:
     return Call(
-        _statement("replay"), {"ids": _message_ids(message_ids), "queues": _queues(queues)}, _count
+        _statement("replay"), {"ids": _message_ids(message_ids), "queues": _queues(queues)}, count
     )
 
 
 def next_wakeup_call(queues: Iterable[str] | None = None) -> Call[float | None]:
-    return Call(_statement("next_wakeup"), {"queues": _queues(queues)}, _scalar)
+    return Call(_statement("next_wakeup"), {"queues": _queues(queues)}, scalar)
 
 
 def busy_call(queues: Iterable[str] | None = None) -> Call[bool]:
-    return Call(_statement("busy"), {"queues": _queues(queues)}, lambda n, r: bool(_scalar(n, r)))
-
-
-def _execute(cursor: Any, call: Call[T]) -> T:
-    cursor.execute(call.query, call.params)
-    if cursor.description is None:
-        return call.read([], [])
-    return call.read([c.name for c in cursor.description], cursor.fetchall())
-
-
-def run(call: Call[T], using: str | None = None) -> T:
-    """Run a call on a Django connection, in the caller's transaction."""
-    with connections[using or conf.get().DATABASE].cursor() as cursor:
-        return _execute(cursor, call)
-
-
-def run_on(conn: Any, call: Call[T]) -> T:
-    """Run a call on a psycopg (synchronous) ``Connection``."""
-    with conn.cursor() as cursor:
-        return _execute(cursor, call)
-
-
-async def arun(conn: Any, call: Call[T]) -> T:
-    """Run a call on a psycopg ``AsyncConnection``."""
-    async with conn.cursor() as cursor:
-        await cursor.execute(call.query, call.params)
-        if cursor.description is None:
-            return call.read([], [])
-        return call.read([c.name for c in cursor.description], await cursor.fetchall())
-
-
-# The synchronous API (a Django connection, the caller's transaction).
+    return Call(_statement("busy"), {"queues": _queues(queues)}, lambda n, r: bool(scalar(n, r)))
 
 
 def claim(
@@ -393,39 +325,3 @@ def next_wakeup(queues: Iterable[str] | None = None, *, using: str | None = None
 def busy(queues: Iterable[str] | None = None, *, using: str | None = None) -> bool:
     """Whether anything of ``queues`` is due, leased or waiting for a retry."""
     return run(busy_call(queues), using)
-
-
-# The asynchronous API (a psycopg AsyncConnection), for the external dispatcher.
-
-
-async def aclaim(conn: Any, queues: Iterable[str] | None = None, limit: int = 100) -> list[Claimed]:
-    return await arun(conn, claim_call(queues, limit))
-
-
-async def astart(conn: Any, claims: Sequence[Claimed]) -> int:
-    return await arun(conn, start_call(claims)) if claims else 0
-
-
-async def arecord(
-    conn: Any,
-    started: Sequence[Claimed],
-    successes: Sequence[Success],
-    failures: Sequence[Failure],
-) -> Recorded:
-    return await arun(conn, record_call(started, successes, failures))
-
-
-async def aack(conn: Any, successes: Sequence[Success]) -> int:
-    return await arun(conn, ack_call(successes)) if successes else 0
-
-
-async def afail(conn: Any, failures: Sequence[Failure]) -> int:
-    return await arun(conn, fail_call(failures)) if failures else 0
-
-
-async def arelease(conn: Any, claims: Sequence[Claimed]) -> int:
-    return await arun(conn, release_call(claims)) if claims else 0
-
-
-async def areclaim_expired(conn: Any, limit: int = 1000) -> int:
-    return await arun(conn, reclaim_expired_call(limit))

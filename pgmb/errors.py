@@ -1,4 +1,4 @@
-"""Exceptions raised by pgmb's Python API.
+"""Exceptions raised by pgmb's Python API, and the Spark pipeline's one error.
 
 Every error is also a ``ValueError`` (bad input) or carries the database error it came
 from, so callers can catch broadly or precisely.
@@ -49,3 +49,15 @@ class InvalidOption(PgmbError, ValueError):
 
 class UnknownDependency(PgmbError, ValueError):
     """A message depends on a message that does not exist (checked by the database)."""
+
+
+# The Spark pipeline's error is not a PgmbError: a job's caller handles it on its own (the
+# command line prints it and exits with status 2), and nothing that catches PgmbError
+# around publishing should swallow it.
+class PipelineError(Exception):
+    """A job cannot start or must stop; the message is the whole explanation.
+
+    Raised before a job writes anything whenever the fault can be seen in advance (a
+    missing column, an unreadable path, an unreachable database), so that the database is
+    left untouched. The command line prints it as one line and exits with status 2.
+    """

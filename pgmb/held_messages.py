@@ -5,7 +5,7 @@ would let another reader take it and run it a second time, at once. :class:`Held
 prevents that: while a consumer holds messages, a background thread moves their timeout
 to ``now + vt`` every third of ``vt`` (``pgmb.set_vt``), on a connection of its own, since
 the consumer's thread is busy in the handler. Nothing extends them once the process dies:
-they come back after at most one ``vt``, as before.
+they come back after at most one ``vt``.
 
 The same thread keeps the consumer's heartbeat going while it holds messages (the
 consumer's own loop beats only between handlers): a handler that runs for minutes must not
@@ -32,9 +32,9 @@ from typing import Any
 
 import psycopg
 
-from .deliveries import Call, run_on
-from .dispatch.backoff import Backoff
-from .dispatch.database import _first_line
+from .db.backoff import Backoff
+from .db.error_text import first_line
+from .db.statements import Call, run_on
 from .pull import Message, set_vt_call
 
 log = logging.getLogger("pgmb.consume")
@@ -201,7 +201,7 @@ class HeldMessages:
             "could not extend the visibility timeouts of %s (%s: %s): trying again",
             self.queue,
             type(exc).__name__,
-            _first_line(exc),
+            first_line(exc),
             exc_info=not isinstance(exc, psycopg.Error),
         )
         self._failing = True

@@ -35,16 +35,15 @@ import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import class_row
 
-from . import sql
-from .dispatch.database import _first_line
+from . import conf, sql
+from .conf import DEFAULT_BLOAT_FACTOR, DEFAULT_MIN_INDEX_BYTES
+from .db.conninfo import conninfo_from_django
+from .db.error_text import first_line
 
 #: Bytes of index that one live delivery may need: the widest entry (pgmb_delivery_due,
 #: 46 bytes of key and included columns, plus tuple header and line pointer) in a page kept
 #: half full by splits, rounded up. Generous: only an index many times larger is rebuilt.
 ROW_BYTES = 128
-#: The defaults of PGMB['HOUSEKEEPING_MIN_INDEX_BYTES'] and ['HOUSEKEEPING_BLOAT_FACTOR'].
-DEFAULT_MIN_INDEX_BYTES = 1024 * 1024
-DEFAULT_BLOAT_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,6 @@ class Thresholds:
     @classmethod
     def from_settings(cls) -> Thresholds:
         """The thresholds of ``PGMB`` (pgmb.conf)."""
-        from . import conf
-
         settings = conf.get()
         return cls(settings.HOUSEKEEPING_MIN_INDEX_BYTES, settings.HOUSEKEEPING_BLOAT_FACTOR)
 
@@ -223,7 +220,7 @@ async def _act(conn: psycopg.AsyncConnection[Any], what: str, index: _Index, dry
     except psycopg.Error as exc:
         # A lock timeout, a concurrent DDL, a lost connection, a missing privilege: an
         # outcome to report; what it left behind (an invalid copy) goes at the next run.
-        return Step(name, "failed", before, error=_first_line(exc))
+        return Step(name, "failed", before, error=first_line(exc))
 
 
 async def arun(
@@ -257,8 +254,5 @@ def housekeep(
     Raises psycopg's error if the database cannot be reached or the lock not asked for;
     everything after that is in the report.
     """
-    from . import conf
-    from .dispatch.database import conninfo_from_django
-
     conninfo = conninfo_from_django(alias or conf.get().DATABASE)
     return asyncio.run(arun(conninfo, thresholds or Thresholds.from_settings(), dry_run=dry_run))

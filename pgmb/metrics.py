@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from django.db import transaction
 
 from . import conf, sql
-from .deliveries import Call, run
+from .db.statements import Call, run
 
 T = TypeVar("T")
 

@@ -24,9 +24,9 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from . import routing, sql
-from .dispatch import request
 from .errors import PgmbError
 from .ids import uuid7
+from .worker_request import secret_problem
 
 
 def _validate(check: Callable[..., object], *args: Any) -> None:
@@ -73,8 +73,8 @@ def validate_endpoint(value: str) -> None:
 
 
 def validate_secret(value: str) -> None:
-    """The secret rule of :func:`pgmb.dispatch.request.secret_problem` (``pgmb.secret_key``)."""
-    problem = request.secret_problem(value) if isinstance(value, str) else "it must be a text"
+    """The secret rule of :func:`pgmb.worker_request.secret_problem` (``pgmb.secret_key``)."""
+    problem = secret_problem(value) if isinstance(value, str) else "it must be a text"
     if problem is not None:
         raise ValidationError(
             _("Invalid secret: %(problem)s."), code="invalid", params={"problem": problem}
@@ -122,7 +122,7 @@ DEFAULT_BREAKER_COOLDOWN_MAX = 600.0
 #: The longest breaker window and cool-down (a day).
 MAX_BREAKER_SECONDS = 86400
 MAX_BREAKER_COUNT = 1_000_000
-#: The breaker's state, written by the SQL functions of migration 0022 only.
+#: The breaker's state, written only by the SQL functions (the SQL in pgmb/sql/).
 BREAKER_STATE_FIELDS = frozenset(
     {
         "breaker_state",
@@ -194,7 +194,7 @@ class Worker(models.Model):
     tokens_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     # The circuit breaker's settings (off unless breaker_failures or breaker_rate is set),
-    # checked here and by pgmb.check_breaker (migration 0022).
+    # checked here and by pgmb.check_breaker (the SQL in pgmb/sql/).
     breaker_failures = models.PositiveIntegerField(
         _("open after failures in a row"),
         null=True,
@@ -239,7 +239,7 @@ class Worker(models.Model):
         validators=_BREAKER_SECONDS,
         help_text=_("Each failed probe doubles the cool-down, up to this."),
     )
-    # The breaker's state, kept by the SQL functions of migration 0022 only.
+    # The breaker's state, kept only by the SQL functions (the SQL in pgmb/sql/).
     breaker_state = models.CharField(
         _("breaker"),
         max_length=9,
@@ -471,8 +471,8 @@ class Message(models.Model):
         ordering = ["-created_at"]
         indexes = [
             # The admin's list, newest first, and its search by routing-key prefix; the
-            # dashboard's last hour (created by migration 0013's SQL, see docs/decisions.md,
-            # "Lists that stay fast").
+            # dashboard's last hour (created by the SQL in pgmb/sql/, see
+            # docs/decisions.md, "Lists that stay fast").
             models.Index(fields=["created_at", "id"], name="pgmb_message_created"),
             models.Index(
                 fields=["routing_key"],
@@ -496,7 +496,7 @@ class Message(models.Model):
                 "admit_message",
                 when=pgtrigger.Before,
                 operation=pgtrigger.Insert,
-                # Every option column: the option rules run here (migration 0026).
+                # Every option column: the option rules run here (the SQL in pgmb/sql/).
                 condition=pgtrigger.Condition(
                     "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
                     " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
@@ -582,7 +582,7 @@ class Delivery(models.Model):
         # Claims scan only ready rows; leased rows come back through pgmb.reclaim_expired().
         indexes = [
             # `id` breaks ties in FIFO order: one INSERT gives all its rows the same time.
-            # What pgmb.metrics_all() counts rides along (migration 0013): a queue's
+            # What pgmb.metrics_all() counts rides along (the SQL in pgmb/sql/): a queue's
             # figures are an index-only scan of its entries.
             models.Index(
                 fields=["queue", "priority", "available_at", "id"],
@@ -596,7 +596,7 @@ class Delivery(models.Model):
                 condition=models.Q(state="leased"),
             ),
         ]
-        # Waiting (migration 0025): a group's or a message's settlement releases the
+        # Waiting (the SQL in pgmb/sql/): a group's or a message's settlement releases the
         # deliveries behind it. Rows without a group or dependents never fire these.
         triggers = [
             _trigger(
@@ -649,10 +649,10 @@ class DeadLetter(models.Model):
                 fields=["message", "queue"], name="pgmb_dead_letter_message_queue"
             )
         ]
-        # The admin's list, newest first (migration 0013's SQL).
+        # The admin's list, newest first (created by the SQL in pgmb/sql/).
         indexes = [models.Index(fields=["created_at", "id"], name="pgmb_dead_letter_created")]
         # A dead letter of a dependency holds its dependents until requeued and settled, or
-        # purged (migration 0025).
+        # purged (the SQL in pgmb/sql/).
         triggers = [
             _trigger("release_after_dead_letter", when=pgtrigger.After, operation=pgtrigger.Delete)
         ]
@@ -702,7 +702,7 @@ class Attempt(models.Model):
             models.Index(fields=["message", "queue"], name="pgmb_attempt_message_queue"),
             models.Index(fields=["created_at"], name="pgmb_attempt_created"),
             # Acknowledged attempts per queue: pgmb.metrics' total_messages and a worker's
-            # last success (created by migration 0006's SQL, see docs/decisions.md).
+            # last success (created by the SQL in pgmb/sql/, see docs/decisions.md).
             models.Index(
                 fields=["queue", "created_at"],
                 name="pgmb_attempt_acked",
@@ -710,8 +710,8 @@ class Attempt(models.Model):
             ),
             # Its counterpart: with it every attempt is in one of the two by queue (the
             # admin's queue and worker filters), and failures alone are a small index that
-            # the status filter reads (migration 0013, with joint statistics of outcome and
-            # status_code).
+            # the status filter reads (the SQL in pgmb/sql/ adds joint statistics of
+            # outcome and status_code).
             models.Index(
                 fields=["queue", "created_at", "status_code"],
                 name="pgmb_attempt_failed",
@@ -726,7 +726,7 @@ class Attempt(models.Model):
 class DispatcherProcess(models.Model):
     """A dispatcher that registered itself: running, gone (no heartbeat for a while) or
     stopped. Rows are written only through ``pgmb.dispatcher_start``, ``_beat`` and
-    ``_stop`` (``pgmb.dispatchers``); its state comes from ``pgmb.dispatcher_state``."""
+    ``_stop`` (the view ``pgmb.dispatchers``); its state comes from ``pgmb.dispatcher_state``."""
 
     class Kind(models.TextChoices):
         EXTERNAL = "external", _("external (pgmb_dispatch)")
@@ -750,8 +750,8 @@ class DispatcherProcess(models.Model):
     delivered = models.BigIntegerField(default=0, db_default=0)
     failed = models.BigIntegerField(default=0, db_default=0)
     #: It found nothing to claim and waits for a NOTIFY: publishers send one only then
-    #: (``pgmb.wake_dispatchers``). NULL until its first claim, and for dispatchers older
-    #: than migration 0017: those are woken by every publisher, as before.
+    #: (``pgmb.wake_dispatchers``). NULL until its first claim: such a dispatcher is woken
+    #: by every publisher.
     waiting = models.BooleanField(null=True, blank=True, default=None)
 
     class Meta:
@@ -789,7 +789,7 @@ class Dashboard(models.Model):
 
 class HourlyStatistics(models.Model):
     """Delivery figures of one UTC hour, computed from the attempt history by the Spark
-    pipeline's ``stats`` job (:mod:`pgmb.pipeline.stats`) and read with :mod:`pgmb.statistics`.
+    pipeline's ``stats`` job (:mod:`pgmb.pipeline.stats`) and read with :mod:`pgmb.hourly_stats`.
 
     A row is one queue (with its worker), one worker over all its queues (``queue_name``
     empty), or every queue (both names empty). Names, not foreign keys: the figures outlive

@@ -3,7 +3,7 @@
 A pull queue is a :class:`~pgmb.models.Queue` whose ``worker`` is None. Its messages are
 read with a visibility timeout, then deleted (acknowledged), archived, failed (``nack``)
 or left to become visible again. Each function here runs one function of schema ``pgmb``
-(migration 0023) from ``pgmb/sql/queries/pull.sql``, so SQL clients and Python get the
+(the SQL in pgmb/sql/) from ``pgmb/sql/queries/pull.sql``, so SQL clients and Python get the
 same semantics and the same errors::
 
     from pgmb import pull
@@ -12,7 +12,7 @@ same semantics and the same errors::
         pull.delete("reports", [message.id])
 
 The synchronous functions run on a Django connection, in the caller's transaction. The
-``*_call`` functions build the statements (:class:`pgmb.deliveries.Call`) for callers
+``*_call`` functions build the statements (:class:`pgmb.db.statements.Call`) for callers
 that run them another way, such as :class:`pgmb.consume.Consumer` on its own connection.
 """
 
@@ -27,7 +27,8 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from . import sql
-from .deliveries import Call, _count, _jsonb, _scalar, _storable, run
+from .db.statements import Call, run
+from .db.values import count, jsonb, scalar, storable
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +65,8 @@ def _messages(names: list[str], rows: list[tuple[Any, ...]]) -> list[Message]:
                 read_ct=values["read_ct"],
                 enqueued_at=values["enqueued_at"],
                 vt=values["vt"],
-                body=_jsonb(values["body"]),
-                headers=_jsonb(values["headers"]),
+                body=jsonb(values["body"]),
+                headers=jsonb(values["headers"]),
                 routing_key=values["routing_key"],
             )
         )
@@ -141,22 +142,22 @@ def nack_call(queue: str, messages: Sequence[Message], errors: Sequence[str]) ->
             "queue": queue,
             "ids": [m.id for m in messages],
             "read_counts": [m.read_ct for m in messages],
-            "errors": [_storable(e) for e in errors],
+            "errors": [storable(e) for e in errors],
         },
-        _count,
+        count,
     )
 
 
 def purge_call(queue: str) -> Call[int]:
-    return Call(_statement("purge"), {"queue": queue}, _count)
+    return Call(_statement("purge"), {"queue": queue}, count)
 
 
 def next_visible_call(queue: str) -> Call[float | None]:
-    return Call(_statement("next_visible"), {"queue": queue}, _scalar)
+    return Call(_statement("next_visible"), {"queue": queue}, scalar)
 
 
 def queue_lease_call(queue: str) -> Call[float]:
-    return Call(_statement("queue_lease"), {"queue": queue}, _scalar)
+    return Call(_statement("queue_lease"), {"queue": queue}, scalar)
 
 
 # The synchronous API (a Django connection, the caller's transaction).

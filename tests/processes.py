@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 
 ROOT = Path(__file__).resolve().parents[1]
 

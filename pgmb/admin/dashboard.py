@@ -8,12 +8,13 @@ and its URLs are the admin site's own, with nothing to add to a project's URLcon
 
 Its figures come from where the lists' do: the queue and worker tables from
 :mod:`pgmb.metrics` (``pgmb.metrics_all()``, ``pgmb.worker_metrics()``), the dispatchers
-from :mod:`pgmb.dispatchers`, the charts from :func:`pgmb.series.series`, all read in one
-transaction (one ``now()``: the same last hour). GET parameters choose what the charts
-show: ``queue`` (a queue's name) or ``worker`` (a worker's: its queues), and ``range``
-(``1h``, live, minute by minute; ``24h`` and ``7d``, hour by hour from the hourly
-statistics of the Spark pipeline's ``stats`` job, :mod:`pgmb.statistics`). The page
-reloads itself every ``PGMB["DASHBOARD_REFRESH"]`` seconds (0: never).
+from :mod:`pgmb.dispatcher_registry`, the charts from
+:func:`pgmb.dashboard_series.series`, all read in one transaction (one ``now()``: the
+same last hour). GET parameters choose what the charts show: ``queue`` (a queue's name)
+or ``worker`` (a worker's: its queues), and ``range`` (``1h``, live, minute by minute;
+``24h`` and ``7d``, hour by hour from the hourly statistics of the Spark pipeline's
+``stats`` job, :mod:`pgmb.hourly_stats`). The page reloads itself every
+``PGMB["DASHBOARD_REFRESH"]`` seconds (0: never).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .. import conf, dispatchers, metrics, series, statistics
-from ..dispatchers import DispatcherInfo
+from .. import conf, dashboard_series, dispatcher_registry, hourly_stats, metrics
+from ..dispatcher_registry import DispatcherInfo
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Dashboard
 from . import breakers, charts, health, pausing
@@ -55,7 +56,7 @@ class ScopeForm(forms.Form):
     def __init__(self, data: Any, *, queues: Sequence[str], workers: Sequence[str]) -> None:
         super().__init__(data)
         range_field: Any = self.fields["range"]
-        range_field.choices = [(r.key, r.label) for r in series.RANGES.values()]
+        range_field.choices = [(r.key, r.label) for r in dashboard_series.RANGES.values()]
         queue_field: Any = self.fields["queue"]
         queue_field.choices = [("", _("every queue")), *((n, n) for n in queues)]
         worker_field: Any = self.fields["worker"]
@@ -67,11 +68,11 @@ class ScopeForm(forms.Form):
             raise forms.ValidationError(_("Choose a queue or a worker, not both."))
         return data
 
-    def chosen(self) -> tuple[series.Range, str | None, str | None]:
+    def chosen(self) -> tuple[dashboard_series.Range, str | None, str | None]:
         """The valid form's range, queue and worker (None: not chosen)."""
         data = self.cleaned_data
         return (
-            series.RANGES.get(data.get("range") or "", series.LIVE),
+            dashboard_series.RANGES.get(data.get("range") or "", dashboard_series.LIVE),
             data.get("queue") or None,
             data.get("worker") or None,
         )
@@ -89,7 +90,7 @@ class Chart:
 
 
 def _step_names(
-    points: Sequence[series.Point], range_: series.Range
+    points: Sequence[dashboard_series.Point], range_: dashboard_series.Range
 ) -> tuple[list[str], list[int]]:
     """Each point's local time, and the indexes of the named ticks: round ten minutes in
     the live hour, every sixth hour in a day, midnights in a week."""
@@ -99,7 +100,7 @@ def _step_names(
             [t.strftime("%H:%M") for t in times],
             [i for i, t in enumerate(times) if t.minute % TICK_MINUTES == 0],
         )
-    if range_.span <= series.DAY.span:
+    if range_.span <= dashboard_series.DAY.span:
         return (
             [t.strftime("%H:%M") for t in times],
             [i for i, t in enumerate(times) if t.hour % 6 == 0],
@@ -111,7 +112,9 @@ def _step_names(
 
 
 def build_charts(
-    points: Sequence[series.Point], scope: str, range_: series.Range = series.LIVE
+    points: Sequence[dashboard_series.Point],
+    scope: str,
+    range_: dashboard_series.Range = dashboard_series.LIVE,
 ) -> list[Chart]:
     """The dashboard's charts of ``points``; ``scope`` names what they cover. The live hour
     has four; the hourly ranges of the statistics two (they have no depth, no unrouted)."""
@@ -121,7 +124,7 @@ def build_charts(
         return _hourly_charts(points, scope, range_label, x, ticks)
     values = {
         field: [getattr(p, field) for p in points]
-        for field in series.Point.__dataclass_fields__
+        for field in dashboard_series.Point.__dataclass_fields__
         if field != "at"
     }
     depth = gettext("Queue depth (live deliveries), %(scope)s")
@@ -171,7 +174,7 @@ def build_charts(
 
 
 def _outcomes_chart(
-    points: Sequence[series.Point],
+    points: Sequence[dashboard_series.Point],
     per: str,
     scope: str,
     range_label: str,
@@ -210,7 +213,11 @@ def _outcomes_chart(
 
 
 def _hourly_charts(
-    points: Sequence[series.Point], scope: str, range_label: str, x: list[str], ticks: list[int]
+    points: Sequence[dashboard_series.Point],
+    scope: str,
+    range_label: str,
+    x: list[str],
+    ticks: list[int],
 ) -> list[Chart]:
     latency = gettext("Latency from publishing to the ack per hour, %(scope)s")
     return [
@@ -356,10 +363,10 @@ class DashboardAdmin(admin.ModelAdmin):
             computed_until = None
             if form.is_valid():
                 range_, queue, worker = form.chosen()
-                points = series.series(range_, queue, worker, using=using)
+                points = dashboard_series.series(range_, queue, worker, using=using)
                 if not range_.live:
-                    computed_until = statistics.latest(using=using)
-            found = dispatchers.dispatchers(using=using)
+                    computed_until = hourly_stats.latest(using=using)
+            found = dispatcher_registry.dispatchers(using=using)
 
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),

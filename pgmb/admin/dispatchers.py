@@ -2,7 +2,7 @@
 
 Read-only: rows are written by the dispatchers (``pgmb.dispatcher_start``, ``_beat``,
 ``_stop``). The state comes from the database's own rule (``pgmb.dispatcher_state``), in
-the list's one query, so the admin and ``pgmb.dispatchers`` never disagree.
+the list's one query, so the admin and the SQL view ``pgmb.dispatchers`` never disagree.
 """
 
 from __future__ import annotations

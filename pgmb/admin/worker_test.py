@@ -1,7 +1,7 @@
 """Sending a test request to a worker from the admin.
 
 The action POSTs, from the admin's process and synchronously, what a worker receives for a
-delivery (:func:`pgmb.dispatch.request.build_headers`: pgmb's headers, signed the Standard
+delivery (:func:`pgmb.worker_request.build_headers`: pgmb's headers, signed the Standard
 Webhooks way with the worker's secret) with a small JSON body of its own and the header
 ``pgmb-test: 1``, and shows what came back: the status, the time taken, the first bytes of
 the answer, or why there was none (refused, timed out, TLS, a bad secret...). Redirects are
@@ -27,8 +27,8 @@ from django.template.response import TemplateResponse
 from django.utils.timezone import now
 from django.utils.translation import gettext as _
 
-from ..dispatch.request import build_headers
 from ..models import Worker
+from ..worker_request import build_headers
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

@@ -21,57 +21,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import socket
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import deliveries, dispatchers, housekeeping
+from .. import breakers, deliveries
+from ..conf import Settings
+from ..db.error_text import first_line
+from ..db.reconnecting import Database, Unavailable, listen
+from ..db.statements import Call
 from ..deliveries import Claimed, Failure, Success
 from ..housekeeping import Thresholds
-from .backoff import Backoff
+from ..worker_request import build_headers
 from .client import Outcome, new_session, post
-from .database import Database, Unavailable, _first_line, listen
+from .housekeeper import Housekeeper
+from .outcome_writer import OutcomeWriter
 from .pacing import UNPACED_RPS, Pacer
-from .request import build_headers
+from .registration import Registration
 
 log = logging.getLogger("pgmb.dispatch")
 T = TypeVar("T")
 
 #: Seconds a stopping dispatcher keeps trying to record outcomes if the database is away.
 SHUTDOWN_GRACE = 10.0
-#: Seconds outcomes wait for others to be written with them, when there are few: at low
-#: rates this turns one query per delivery into one per few deliveries, for little delay.
-FLUSH_LINGER = 0.005
-
-#: Seconds between attempts to settle the waiting mark while message inserts are in
-#: flight: the first wait and the longest (a publisher's transaction that stays open keeps
-#: it from settling; its message is claimed at most this long after it commits).
-SETTLE_FIRST = 0.002
-SETTLE_CAP = 0.1
 
 
 @dataclass(frozen=True)
 class Options:
-    """How a dispatcher runs (see ``manage.py pgmb_dispatch --help``)."""
+    """How a dispatcher runs (see ``manage.py pgmb_dispatch --help``); the defaults are
+    the settings' (:class:`pgmb.conf.Settings`)."""
 
     queues: list[str] | None = None
-    concurrency: int = 64
-    batch: int = 100
-    poll_interval: float = 1.0
-    reclaim_interval: float = 5.0
+    concurrency: int = Settings.DISPATCH_CONCURRENCY
+    batch: int = Settings.DISPATCH_BATCH
+    poll_interval: float = Settings.DISPATCH_POLL_INTERVAL
+    reclaim_interval: float = Settings.DISPATCH_RECLAIM_INTERVAL
     until_idle: bool = False
     max_seconds: float | None = None
     #: Exit with :class:`Unavailable` once the database has been unreachable this long
     #: (None: keep trying; a dispatcher that runs as a service should).
     give_up_after: float | None = None
-    body_limit: int = 500
-    #: Seconds between heartbeats in pgmb_dispatcher (what pgmb.dispatchers shows).
-    heartbeat_interval: float = 5.0
+    body_limit: int = Settings.RESPONSE_BODY_LIMIT
+    #: Seconds between heartbeats in pgmb_dispatcher (the SQL view pgmb.dispatchers).
+    heartbeat_interval: float = Settings.DISPATCH_HEARTBEAT_INTERVAL
     #: Seconds between looks at pgmb_delivery's indexes (pgmb.housekeeping), each once
     #: work has been drained (0: never; the command sets PGMB['HOUSEKEEPING_INTERVAL']).
     housekeeping_interval: float = 0.0
@@ -100,24 +94,42 @@ class Stats:
 
 
 class Dispatcher:
+    """One database's dispatch loop: claims, requests in flight and their outcomes.
+
+    The rest has objects of its own: writing outcomes
+    (:class:`~.outcome_writer.OutcomeWriter`), the dispatcher's row
+    (:class:`~.registration.Registration`), housekeeping
+    (:class:`~.housekeeper.Housekeeper`).
+    """
+
     def __init__(self, conninfo: dict[str, Any], options: Options) -> None:
         self.options = options
         self.stats = Stats()
         self._conninfo = conninfo
         self._stopping = asyncio.Event()
+        # Circuit breakers announce their transitions on the connection that made them
+        # (a claim, an outcome): logged as they come, no query of their own.
         self._claims = Database(
-            conninfo, "claims", setup="claims_session", interrupt=self._stopping
+            conninfo,
+            "claims",
+            setup="claims_session",
+            interrupt=self._stopping,
+            notices=breakers.log_notice,
         )
-        self._outcomes_db = Database(conninfo, "outcomes")
-        self._claims.give_up_after = self._outcomes_db.give_up_after = options.give_up_after
+        self.outcomes = OutcomeWriter(
+            Database(conninfo, "outcomes", notices=breakers.log_notice), options.batch
+        )
+        self._claims.give_up_after = self.outcomes.db.give_up_after = options.give_up_after
         self._wake = asyncio.Event()
-        self._outcome_ready = asyncio.Event()
+        # The writer's own containers and event, under names of the loop's: a delivery
+        # records its outcome without a call or a lookup more.
+        self._outcome_ready = self.outcomes.ready
         # Claims run ahead of the requests: up to `_prefetch` claimed rows wait in `_ready`
         # for a slot, so that a slot freed while a claim is on its way is filled at once.
-        # (Claiming only for free slots, as before, left half the slots idle during each
-        # claim's round trip: it was the largest of the costs that held deliveries/s to a
-        # third of the HTTP client's.) A claim is sent once `_claim_at` rows or more can be
-        # taken: one query per freed slot would cost more than it brings.
+        # (Claiming only for free slots would leave half the slots idle during each
+        # claim's round trip, holding deliveries/s to a third of the HTTP client's.) A claim
+        # is sent once `_claim_at` rows or more can be taken: one query per freed slot
+        # would cost more than it brings.
         self._prefetch = min(options.batch, options.concurrency)
         self._most = options.concurrency + self._prefetch
         self._claim_at = max(1, self._prefetch // 2)
@@ -128,33 +140,20 @@ class Dispatcher:
         #: Whether the last claim got all it asked for: then freed slots ask for more;
         #: otherwise nothing more is due, and NOTIFY, next_wakeup or the poll wakes the loop.
         self._more_due = True
-        #: Whether this dispatcher's row is marked waiting (publishers NOTIFY only then;
-        #: None: not said yet, and woken as if waiting), and whether the mark is settled:
-        #: every publisher since sees it. A claim that comes back full clears both
-        #: (pgmb.dispatcher_idle and _busy, migration 0017).
-        self._waiting: bool | None = None
-        self._settled = False
-        #: Waits while a message insert in flight keeps the mark from settling.
-        self._settling = Backoff(first=SETTLE_FIRST, cap=SETTLE_CAP)
+        #: This dispatcher's row in pgmb_dispatcher: heartbeats and the waiting mark.
+        self._registration = Registration(self._claims, options.queues, options.poll_interval)
         self._inflight: dict[asyncio.Task, Claimed] = {}
         self._posting: set[asyncio.Task] = set()
-        self._acks: list[Success] = []
-        self._fails: list[Failure] = []
-        #: Rows whose request has started and whose start mark is not written yet, by
-        #: delivery id (an outcome written first makes the mark needless).
-        self._starts: dict[int, Claimed] = {}
+        self._acks = self.outcomes.acks
+        self._fails = self.outcomes.fails
+        self._starts = self.outcomes.starts
         self._pacers: dict[str, Pacer] = {}
-        self._closing = False
-        #: This dispatcher's row in pgmb_dispatcher, once registered.
-        self.registration: int | None = None
-        #: Housekeeping runs beside the loop, on a connection of its own: a rebuild takes
-        #: seconds to minutes and must not hold back claims. Next look: once due, and only
-        #: if something was claimed since the last.
-        self._housekeeping: asyncio.Task | None = None
-        self._housekeeping_due = 0.0
-        self._housekept_claims = 0
-        #: Deliveries claimed when the last vacuum was started.
-        self._vacuumed_claims = 0
+        self._housekeeper = Housekeeper(
+            conninfo,
+            options.vacuum_every,
+            options.housekeeping_interval,
+            options.housekeeping_thresholds,
+        )
 
     def stop(self) -> None:
         """Stop claiming; in-flight requests finish, unstarted ones are released."""
@@ -176,7 +175,7 @@ class Dispatcher:
                 loop.add_signal_handler(sig, self.stop)
         self._session = new_session(self.options.concurrency)
         listener = asyncio.create_task(listen(self._conninfo, self._wake))
-        flusher = asyncio.create_task(self._flush_forever())
+        flusher = asyncio.create_task(self.outcomes.run(self._wake, self._idle))
         gave_up: Unavailable | None = None
         try:
             await self._loop()
@@ -189,10 +188,9 @@ class Dispatcher:
             listener.cancel()
             # Outcomes and releases get a grace period if the database is away right now.
             grace = time.monotonic() + SHUTDOWN_GRACE
-            self._claims.give_up_at = self._outcomes_db.give_up_at = grace
+            self._claims.give_up_at = self.outcomes.db.give_up_at = grace
             await self._drain()
-            self._closing = True
-            self._outcome_ready.set()
+            self.outcomes.close()
             try:
                 await flusher
             except Unavailable as exc:
@@ -204,16 +202,11 @@ class Dispatcher:
                 )
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
-            if self._housekeeping is not None:
-                # psycopg cancels the statement in the server: an interrupted rebuild
-                # leaves an invalid index, which the next housekeeping drops.
-                self._housekeeping.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._housekeeping
-            await self._unregister()
+            await self._housekeeper.cancel()
+            await self._registration.stop(self.stats.delivered, self.stats.failed)
             await self._session.close()
             await self._claims.close()
-            await self._outcomes_db.close()
+            await self.outcomes.db.close()
             for sig in handled:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
@@ -256,11 +249,11 @@ class Dispatcher:
                 self._start_ready()
                 self._more_due = len(rows) == want
                 if self._more_due:
-                    await self._mark_busy()
+                    await self._registration.mark_busy()
                     continue  # there may be more due right now
             timeout = opts.poll_interval
-            if want > 0 and not self._settled:
-                settle_in = await self._mark_idle()
+            if want > 0 and not self._registration.settled:
+                settle_in = await self._registration.mark_idle()
                 if settle_in == 0:
                     continue  # claim once more: what was committed before the mark
                 timeout = min(timeout, settle_in)
@@ -270,13 +263,12 @@ class Dispatcher:
                     # rather than first ask when to. At a steady trickle of messages this
                     # halves the queries per message.
                     continue
-                if not self._inflight and not self._ready and not self._unflushed():
+                if not self._inflight and not self._ready and not self.outcomes.unflushed():
                     # Outcomes written first: a vacuum then finds the drained rows gone.
-                    self._housekeep_if_due()
-                idle = opts.until_idle and not self._inflight and not self._unflushed()
+                    self._housekeeper.start_if_due(self.stats.claimed)
+                idle = opts.until_idle and not self._inflight and not self.outcomes.unflushed()
                 if idle and not await self._claims.run(deliveries.busy_call(opts.queues)):
-                    if self._housekeeping is not None:
-                        await self._housekeeping  # what was drained is tidied before exit
+                    await self._housekeeper.wait()  # what was drained is tidied before exit
                     return
                 wake_in = await self._claims.run(deliveries.next_wakeup_call(opts.queues))
                 if wake_in is not None:
@@ -294,164 +286,11 @@ class Dispatcher:
             else:
                 await self._sleep(max(until - time.monotonic(), 0))
 
-    def _housekeep_if_due(self) -> None:
-        """This dispatcher has drained its work: start, in the background, a vacuum of
-        pgmb_delivery if ``vacuum_every`` deliveries were claimed since the last, and a
-        look at its indexes if the interval since the last look has passed (never two at
-        once).
-
-        Vacuuming once drained, not mid-way: the finished deliveries' rows and index
-        entries, which every claim walks past, are then all gone, and the emptied pages
-        are truncated. (Migration 0032 keeps the claims' plans right whatever statistics
-        a vacuum records.)
-        """
-        now = time.monotonic()
-        claimed, every, interval = (
-            self.stats.claimed,
-            self.options.vacuum_every,
-            self.options.housekeeping_interval,
-        )
-        vacuum = bool(every) and claimed - self._vacuumed_claims >= every
-        look = (
-            bool(interval) and claimed != self._housekept_claims and now >= self._housekeeping_due
-        )
-        if not (vacuum or look) or (
-            self._housekeeping is not None and not self._housekeeping.done()
-        ):
-            return
-        if vacuum:
-            self._vacuumed_claims = claimed
-        if look:
-            self._housekeeping_due = now + interval
-            self._housekept_claims = claimed
-        self._housekeeping = asyncio.create_task(self._housekeep(vacuum, look))
-
-    async def _vacuum(self) -> None:
-        """One vacuum; a failure is logged, never raised."""
-        try:
-            done = await housekeeping.avacuum(self._conninfo)
-        except Exception as exc:
-            log.warning(
-                "could not vacuum pgmb_delivery (%s); next try after %d more claims",
-                _first_line(exc),
-                self.options.vacuum_every,
-            )
-            return
-        if done:
-            log.debug("vacuumed pgmb_delivery claims=%d", self.stats.claimed)
-        else:
-            log.debug("vacuum skipped: another process holds the housekeeping lock")
-
-    async def _housekeep(self, vacuum: bool, look: bool) -> None:
-        """A vacuum and a look at the indexes, as asked; reports and failures are logged,
-        never raised."""
-        if vacuum:
-            await self._vacuum()
-        if not look:
-            return
-        try:
-            report = await housekeeping.arun(self._conninfo, self.options.housekeeping_thresholds)
-        except Exception as exc:
-            log.warning(
-                "housekeeping could not run (%s: %s); next look in %g s at the earliest",
-                type(exc).__name__,
-                _first_line(exc),
-                self.options.housekeeping_interval,
-            )
-            return
-        level = logging.INFO if report.steps else logging.DEBUG
-        log.log(logging.WARNING if report.failed else level, "%s", report.summary())
-
-    async def _mark_idle(self) -> float:
-        """Mark this dispatcher waiting before it sleeps. Returns 0 once the mark is
-        settled (claim once more, then sleep until woken), or the seconds within which to
-        claim again and try to settle it (a publisher's insert was in flight, and both its
-        message and its NOTIFY may be missed otherwise). Unregistered, or refused by the
-        database: the poll interval, as before wake-ups depended on the mark.
-        """
-        if self.registration is None:
-            return self.options.poll_interval
-        try:
-            settled = await self._claims.run(dispatchers.idle_call(self.registration))
-        except Unavailable:
-            raise
-        except Exception as exc:
-            log.error("could not mark the dispatcher waiting (%s: %s)", type(exc).__name__, exc)
-            return self.options.poll_interval
-        self._waiting = True
-        if settled:
-            self._settled = True
-            self._settling.reset()
-            return 0.0
-        return self._settling.next()
-
-    async def _mark_busy(self) -> None:
-        """A claim came back full: the loop claims again by itself, so publishers need not
-        wake it (one write per busy spell, none while the mark is already clear)."""
-        if self._waiting is not False and self.registration is not None:
-            try:
-                await self._claims.run(dispatchers.busy_call(self.registration))
-            except Unavailable:
-                raise
-            except Exception as exc:
-                log.error(
-                    "could not clear the dispatcher's waiting mark (%s: %s)",
-                    type(exc).__name__,
-                    exc,
-                )
-                return
-        self._waiting = self._settled = False
-
     async def _beat(self) -> None:
-        """Register, or record a heartbeat with the counters (register again if the row
-        went: removed by maintenance after a long outage).
-
-        Never a reason to stop: an outage is waited out as for a claim (``Database.run``),
-        and anything the database refuses (say, not migrated yet) is logged and tried again
-        at the next beat.
-        """
         stats = self.stats
-        try:
-            if self.registration is not None and await self._claims.run(
-                dispatchers.beat_call(
-                    self.registration, len(self._inflight), stats.delivered, stats.failed
-                )
-            ):
-                return
-            self.registration = await self._claims.run(
-                dispatchers.start_call(
-                    dispatchers.EXTERNAL, socket.gethostname(), os.getpid(), self.options.queues
-                )
-            )
-            self._waiting, self._settled = None, False  # a new row: not said yet
-            log.info("registered as dispatcher id=%d", self.registration)
-        except Unavailable:
-            raise
-        except Exception as exc:
-            log.error(
-                "could not record a heartbeat (%s: %s); trying again later",
-                type(exc).__name__,
-                _first_line(exc),
-            )
+        await self._registration.beat(len(self._inflight), stats.delivered, stats.failed)
 
-    async def _unregister(self) -> None:
-        """Mark this dispatcher stopped (best effort: if the database is away it will be
-        shown as gone instead)."""
-        if self.registration is None:
-            return
-        try:
-            await self._claims.run(
-                dispatchers.stop_call(self.registration, self.stats.delivered, self.stats.failed)
-            )
-        except Exception as exc:
-            log.warning(
-                "could not mark dispatcher id=%d stopped (%s: %s)",
-                self.registration,
-                type(exc).__name__,
-                _first_line(exc),
-            )
-
-    async def _claim_side(self, call: deliveries.Call[T], refused: T) -> T:
+    async def _claim_side(self, call: Call[T], refused: T) -> T:
         """Run a reclaim or a claim; one the database refuses (not an outage, which
         ``Database.run`` waits out) is logged and read as ``refused``, so the loop goes on
         and tries again at its next turn instead of ending."""
@@ -463,7 +302,7 @@ class Dispatcher:
             log.error(
                 "the database refused a state-machine call (%s: %s); trying again later",
                 type(exc).__name__,
-                _first_line(exc),
+                first_line(exc),
             )
             return refused
 
@@ -589,70 +428,9 @@ class Dispatcher:
             )
         self._outcome_ready.set()
 
-    def _unflushed(self) -> bool:
-        return bool(self._acks or self._fails or self._starts)
-
-    async def _flush(self) -> bool:
-        """Write the start marks and outcomes recorded so far, in one statement; whether
-        failures (now retries) were written."""
-        # Taken off the lists only once written: a flush that fails leaves them for the next.
-        starts, acks, fails = list(self._starts.values()), self._acks[:], self._fails[:]
-        if not (starts or acks or fails):
-            return False
-        try:
-            await self._outcomes_db.run(deliveries.record_call(starts, acks, fails))
-        except Unavailable:
-            raise
-        except Exception:  # refused as a whole: each part alone, so a bad row costs only itself
-            await self._write(deliveries.start_call, starts)
-            await self._write(deliveries.ack_call, acks)
-            await self._write(deliveries.fail_call, fails)
-        for row in starts:
-            # The same delivery may have been claimed and started again meanwhile.
-            if self._starts.get(row.delivery_id) is row:
-                del self._starts[row.delivery_id]
-        del self._acks[: len(acks)]
-        del self._fails[: len(fails)]
-        return bool(fails)
-
-    async def _write(self, call: Callable[[list[T]], deliveries.Call[int]], items: list[T]) -> None:
-        """Write outcomes; one the database refuses is left to its lease, not the batch."""
-        if not items:
-            return
-        try:
-            await self._outcomes_db.run(call(items))
-        except Unavailable:
-            raise
-        except Exception as exc:  # refused, not unreachable (Database.run retries that)
-            if len(items) > 1:
-                for item in items:
-                    await self._write(call, [item])
-                return
-            log.error(
-                "could not record an outcome (%s: %s); the delivery's lease will expire and "
-                "it will be tried again: %r",
-                type(exc).__name__,
-                str(exc).strip(),
-                items[0],
-            )
-
-    async def _flush_forever(self) -> None:
-        """Write outcomes as they come; after shutdown is signalled, write the rest and end."""
-        while True:
-            await self._outcome_ready.wait()
-            # Start marks wait as long: a crash within that time forgives at most their
-            # expiry (pgmb.reclaim_expired), while a write of their own would cost a round
-            # trip where most would have come with an outcome anyway.
-            if not self._closing and len(self._acks) + len(self._fails) < self.options.batch:
-                await asyncio.sleep(FLUSH_LINGER)
-            self._outcome_ready.clear()
-            # The loop needs to hear of it when retries were scheduled (its next wake-up may
-            # come sooner) or, with --until-idle, when nothing is in flight (it may be done);
-            # not after every batch of acks.
-            if await self._flush() or (self.options.until_idle and not self._inflight):
-                self._wake.set()
-            if self._closing and not self._unflushed():
-                return
+    def _idle(self) -> bool:
+        """With --until-idle, whether nothing is in flight (the loop may be done)."""
+        return self.options.until_idle and not self._inflight
 
     async def _drain(self) -> None:
         """On the way out: release what was claimed but not yet posted, finish the rest."""

@@ -1,7 +1,7 @@
 """HTTP/1.1 POSTs over pooled keep-alive connections, on asyncio's protocols.
 
 The external dispatcher's HTTP client. It needs one narrow thing: a POST whose headers are
-already checked (:func:`pgmb.dispatch.request.build_headers`), the answer's status, its
+already checked (:func:`pgmb.worker_request.build_headers`), the answer's status, its
 headers and the first bytes of its body. A general client (aiohttp) costs two to three
 times the CPU a request for what it offers beyond that, and that cost would bound the
 dispatcher's throughput (docs/benchmarks.md, docs/decisions.md).

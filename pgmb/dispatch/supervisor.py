@@ -24,8 +24,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .backoff import Backoff
-from .database import Unavailable
+from ..db.backoff import Backoff
+from ..db.error_text import first_line
+from ..db.reconnecting import Unavailable
 from .engine import Dispatcher, Options, Stats
 
 log = logging.getLogger("pgmb.dispatch")
@@ -67,11 +68,6 @@ class Served:
         self.stats.delivered += stats.delivered
         self.stats.failed += stats.failed
         self.stats.released += stats.released
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 class Supervisor:
@@ -150,16 +146,15 @@ class Supervisor:
                     failing_since = now
                 give_up_after = options.give_up_after
                 if give_up_after is not None and now - failing_since >= give_up_after:
-                    served.gave_up = f"kept failing for {now - failing_since:.0f}s: " + _first_line(
-                        exc
-                    )
+                    failing = f"{now - failing_since:.0f}s"
+                    served.gave_up = f"kept failing for {failing}: {first_line(exc, typed=True)}"
                     log.error("gave up on the database: it %s", served.gave_up)
                     return
                 delay = backoff.next()
                 # The traceback once a spell: a failure that repeats is the same failure.
                 log.error(
                     "dispatcher failed (%s); starting it again in %.1fs",
-                    _first_line(exc),
+                    first_line(exc, typed=True),
                     delay,
                     exc_info=first,
                 )

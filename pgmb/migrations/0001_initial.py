@@ -23,9 +23,9 @@ def schedule_cron_jobs(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    """pgmb 0.1.0: the whole schema, the release's one migration (docs/decisions/0040).
+    """pgmb 0.1.0: the whole schema, the release's one migration (docs/decisions/0023).
     The SQL it runs is pgmb/sql/migrations/0001_initial*.sql, frozen copies of
-    pgmb/sql/schema/ (docs/decisions/0041)."""
+    pgmb/sql/schema/ (docs/decisions/0024-sql-source-and-frozen-copies.md)."""
 
     initial = True
 

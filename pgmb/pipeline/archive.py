@@ -26,7 +26,6 @@ and archives nothing twice. One archive job runs at a time (an advisory lock).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -36,21 +35,16 @@ import psycopg
 from psycopg import sql as pgsql
 
 from .. import sql
+from ..archive_age import DEFAULT_OLDER_THAN_DAYS, days_problem
+from ..errors import PipelineError
 from . import jdbc
 from .cli import Output, positive_int, say
-from .database import Database
-from .errors import PipelineError
 from .hadoopfs import HadoopFS, Usage, reason
+from .postgres import Database
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: Messages are archived once they are this many days old (and finished). Under
-#: ``manage.py pgmb_pipeline`` the default is ``PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS']``,
-#: whose own default is this.
-DEFAULT_OLDER_THAN_DAYS = 7.0
-#: The most --older-than accepts (about 270 years back).
-MAX_OLDER_THAN_DAYS = 100_000.0
 #: Messages claimed, then deleted, per transaction.
 DEFAULT_BATCH_SIZE = 5_000
 #: A long phase reports how far it got at most this often.
@@ -60,19 +54,9 @@ PROGRESS_SECONDS = 10.0
 MESSAGES, ATTEMPTS, STAGING = "messages", "attempts", "_staging"
 
 
-def days_problem(value: float) -> str | None:
-    """Why ``value`` is not a usable --older-than, or None."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return "must be a positive number of days"
-    if value <= 0:
-        return "must be a positive number of days"
-    if value > MAX_OLDER_THAN_DAYS:
-        return f"must be at most {MAX_OLDER_THAN_DAYS:g} days"
-    return None
-
-
 def older_than_days(text: str) -> float:
-    """An argparse type: a positive number of days (fractions allowed)."""
+    """An argparse type: a number of days, 0 or more (fractions allowed; 0: every
+    finished message)."""
     try:
         value = float(text)
     except ValueError:

@@ -6,7 +6,7 @@
 Each job module adds its own options (``add_arguments``), may check them without Spark
 (``validate(options)``, optional) and does its work in ``run(spark, database, options,
 out)``. Before Spark starts, the options and the database are checked;
-any :class:`~pgmb.pipeline.errors.PipelineError` ends the run with one line on stderr and
+any :class:`~pgmb.errors.PipelineError` ends the run with one line on stderr and
 exit status 2.
 """
 
@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from ..errors import PipelineError
 from . import JOBS
-from .database import Database
-from .errors import PipelineError
+from .postgres import Database
 from .spark import DEFAULT_MASTER, parse_conf, session
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Paths are Hadoop URIs (``file:/…``, ``hdfs://…``, ``s3a://…``; a path without a scheme is
 on the cluster's default file system, as for Spark's own readers and writers). Every
-failure of the file system becomes a :class:`~pgmb.pipeline.errors.PipelineError` naming
+failure of the file system becomes a :class:`~pgmb.errors.PipelineError` naming
 the path.
 """
 
@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import PipelineError
+from ..db.error_text import first_line
+from ..errors import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -24,7 +25,7 @@ def reason(error: Exception) -> str:
     """The first line of a Java exception's own message, not py4j's stack trace."""
     java = getattr(error, "java_exception", None)
     text = str(java.toString()) if java is not None else str(error)
-    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first_line(error, text)
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .database import Database
+from .postgres import Database
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

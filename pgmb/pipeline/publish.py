@@ -30,9 +30,10 @@ from pgmb.durations import parse_delay
 from pgmb.errors import PgmbError
 from pgmb.routing import validate_routing_key
 
+from ..db.error_text import first_line
+from ..errors import PipelineError
 from .cli import Output, positive_int, say
-from .database import Database
-from .errors import PipelineError
+from .postgres import Database
 from .publish_input import (
     FORMATS,
     Columns,
@@ -204,7 +205,7 @@ def _write(
     if "error" in done:
         error = done["error"]
         found = _FAILED.search(str(error))
-        reason = found.group(1).strip() if found else str(error).strip().splitlines()[0]
+        reason = found.group(1).strip() if found else first_line(error)
         counted = f" ({progress.value:,} rows in finished tasks)" if progress.value else ""
         advice = (
             "run the same command again to publish the rest (ids already stored are skipped)"

@@ -6,7 +6,7 @@ JVM (picking columns, turning structs into JSON texts, timestamps into ISO texts
 here; what needs pgmb's rules is checked row by row on the executors.
 
 Every fault that can be seen from the driver (no such file, an unknown format, a missing
-column, a column of the wrong type) is a :class:`~pgmb.pipeline.errors.PipelineError`
+column, a column of the wrong type) is a :class:`~pgmb.errors.PipelineError`
 raised before any row is read.
 """
 
@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import PipelineError
+from ..db.error_text import first_line
+from ..errors import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -105,7 +106,7 @@ def spark_reason(error: Exception) -> str:
     java = getattr(error, "java_exception", None)
     if java is not None:  # a Py4JJavaError: its text is the whole stack
         text = str(java.toString())
-    line = text.splitlines()[0] if text else type(error).__name__
+    line = first_line(error, text)
     return re.sub(r"^(?:[\w$]+\.)+[\w$]+(?:Exception|Error): ", "", line)
 
 

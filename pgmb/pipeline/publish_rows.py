@@ -26,7 +26,7 @@ from pgmb.durations import check_seconds, parse_delay
 from pgmb.errors import PgmbError
 from pgmb.routing import validate_routing_key
 
-from .database import CONNECT_TIMEOUT
+from .postgres import CONNECT_TIMEOUT
 
 #: The prepared dataset's columns, in order: the message's id, routing key, body and headers
 #: (JSON texts) and delay (seconds as a number, or a text for

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .errors import PipelineError
+from ..errors import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

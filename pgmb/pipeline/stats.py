@@ -7,7 +7,7 @@ all its queues, and all queues together: attempts, delivered (acks), failed (ret
 dead-lettered, expired), attempts per delivered message, the latency from publishing to
 the ack (p50/p95/p99, ``percentile_approx``) and the three most frequent error statuses.
 The rows are upserted into ``pgmb_statistics`` (:class:`pgmb.models.HourlyStatistics`,
-read with :mod:`pgmb.statistics`) and, with ``--output``, written as Parquet.
+read with :mod:`pgmb.hourly_stats`) and, with ``--output``, written as Parquet.
 
 The attempts come from PostgreSQL (Spark's JDBC source, split into ranges of the attempt
 id) and, with ``--include-archive PATH``, from the archive's Parquet datasets
@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .. import sql
+from ..db.error_text import first_line
+from ..errors import PipelineError
 from .cli import Output, positive_int, say
-from .database import Database
-from .errors import PipelineError
 from .hourly import ALL, attempt_rows, figures
 from .jdbc import read_ranges, subquery
+from .postgres import Database
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -175,8 +176,7 @@ def check_paths(archive: str | None, output: str | None) -> None:
 
 def _spark_error(e: Exception) -> str:
     """The first line of a Spark error, without Java's stack."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return first_line(e)
 
 
 def read_names(database: Database) -> list[tuple[str, str, str]]:

@@ -1,6 +1,6 @@
 """The migration operations that run pgmb's versioned SQL files.
 
-Each release has one migration (docs/decisions/0040-one-migration-per-release.md), and its
+Each release has one migration (docs/decisions/0023-one-migration-per-release.md), and its
 ``pgmb/sql/migrations/NNNN_*.sql`` files are run by that migration alone, through these
 operations; once the release is cut they are never edited: upgrading a database runs the
 very files it missed, in order (``tests/migrations`` checks both rules).

@@ -11,12 +11,11 @@ import json
 import uuid
 from collections.abc import Iterable
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.core import checks
 from django.db import connections, transaction
-from typing_extensions import ParamSpec
 
 from .. import conf, sql
 from ..errors import PgmbError

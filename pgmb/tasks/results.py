@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from ..deliveries import _jsonb
+from ..db.values import jsonb
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
 #: The columns every result statement of ``pgmb/sql/queries/tasks.sql`` returns, in order.
@@ -69,12 +69,12 @@ def from_row(row: Sequence[Any]) -> TaskResult:
         started_at=r["started_at"],
         last_attempted_at=r["last_attempted_at"],
         finished_at=r["finished_at"],
-        args=_jsonb(r["args"]),
-        kwargs=_jsonb(r["kwargs"]),
+        args=jsonb(r["args"]),
+        kwargs=jsonb(r["kwargs"]),
         backend=r["backend"],
-        errors=[TaskError(**error) for error in _jsonb(r["errors"])],
+        errors=[TaskError(**error) for error in jsonb(r["errors"])],
         worker_ids=list(r["worker_ids"]),
     )
     # Not an argument of TaskResult: the framework's backends set it the same way.
-    object.__setattr__(result, "_return_value", _jsonb(r["return_value"]))
+    object.__setattr__(result, "_return_value", jsonb(r["return_value"]))
     return result

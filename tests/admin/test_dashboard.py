@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
-from pgmb import dispatchers, metrics, series
+from pgmb import dashboard_series, dispatcher_registry, metrics
 from pgmb import sql as pgmb_sql
 from pgmb.admin.charts import SVG_NS
 from tests.metrics.conftest import world  # noqa: F401
@@ -172,7 +172,7 @@ def known(sql, make_worker, make_queue):
 
 
 def test_attempts_land_in_their_minute(known, sql):
-    points = series.series()
+    points = dashboard_series.series()
 
     assert len(points) == 61
     assert [p.at for p in points] == [minute(sql, 60 - i) for i in range(61)]
@@ -192,12 +192,12 @@ def test_attempts_land_in_their_minute(known, sql):
 
 def test_a_queue_or_a_worker_has_only_its_own(known, sql):
 
-    mine = series.series(queue="known_queue")
+    mine = dashboard_series.series(queue="known_queue")
     assert sum(p.delivered for p in mine) == 3
     assert by_minute(mine)[minute(sql, 30)].delivered == 0
-    theirs = series.series(worker="other_worker")
+    theirs = dashboard_series.series(worker="other_worker")
     assert [(p.at, p.delivered) for p in theirs if p.delivered] == [(minute(sql, 30), 1)]
-    assert sum(p.delivered for p in series.series(queue="no_such_queue")) == 0
+    assert sum(p.delivered for p in dashboard_series.series(queue="no_such_queue")) == 0
 
 
 def test_the_sums_are_the_lists_figures(world, sql):  # noqa: F811
@@ -205,15 +205,15 @@ def test_the_sums_are_the_lists_figures(world, sql):  # noqa: F811
     by_worker = {w.worker_name: w for w in metrics.workers()}
 
     for name, figures in by_queue.items():
-        points = series.series(queue=name)
+        points = dashboard_series.series(queue=name)
         assert sum(p.delivered for p in points) == figures.delivered_last_hour, name
         assert sum(p.failed for p in points) == figures.failed_last_hour, name
         assert points[-1].depth == figures.queue_length, name
     for name, figures in by_worker.items():
-        points = series.series(worker=name)
+        points = dashboard_series.series(worker=name)
         assert sum(p.delivered + p.failed for p in points) == figures.requests_last_hour
         assert sum(p.delivered for p in points) == figures.successes_last_hour
-    everything = series.series()
+    everything = dashboard_series.series()
     assert sum(p.delivered for p in everything) == sum(
         m.delivered_last_hour for m in by_queue.values()
     )
@@ -236,7 +236,7 @@ def test_depth_follows_deliveries_in_and_out(sql, make_queue):
     add_attempt(sql, queue, "retry", 12, second=0, message=again, attempt=1)
     add_attempt(sql, queue, "ack", 8, message=again, attempt=2)
 
-    depth = [p.depth for p in series.series(queue="depth_queue")]
+    depth = [p.depth for p in dashboard_series.series(queue="depth_queue")]
 
     expected = [
         1 + (k <= 30) + (k <= 20) + (15 < k <= 25) + (8 < k <= 12) for k in range(60, -1, -1)
@@ -252,7 +252,7 @@ def test_unrouted_messages_are_counted_in_their_minute(sql, make_queue):
     add_message(sql, "routed.x", 5)  # a delivery: routed
     add_message(sql, "nowhere.old", 90)  # before the hour
 
-    points = by_minute(series.series())
+    points = by_minute(dashboard_series.series())
 
     assert points[minute(sql, 5)].unrouted == 2
     assert sum(p.unrouted for p in points.values()) == 2
@@ -339,15 +339,15 @@ def test_the_lists_and_the_dashboard_agree(admin_client, world):  # noqa: F811
 
 
 def test_running_and_gone_dispatchers_are_listed_and_stopped_ones_are_not(admin_client, sql):
-    running = dispatchers.start("external", "web-running", 101, ["order_queue"])
-    dispatchers.beat(running, 4, 40, 2)
-    gone = dispatchers.start("external", "web-gone", 102)
+    running = dispatcher_registry.start("external", "web-running", 101, ["order_queue"])
+    dispatcher_registry.beat(running, 4, 40, 2)
+    gone = dispatcher_registry.start("external", "web-gone", 102)
     sql(
         "UPDATE pgmb_dispatcher SET heartbeat_at = now() - interval '5 minutes' WHERE id = %s",
         (gone,),
     )
-    stopped = dispatchers.start("external", "web-stopped", 103)
-    dispatchers.stop(stopped, 1, 0)
+    stopped = dispatcher_registry.start("external", "web-stopped", 103)
+    dispatcher_registry.stop(stopped, 1, 0)
 
     html = admin_client.get(DASHBOARD).content.decode()
     body = html.split('id="pgmb-dispatchers"', 1)[1].split("</table>", 1)[0]
@@ -410,7 +410,7 @@ def test_the_page_takes_a_fixed_number_of_queries(
     admin_client, known, sql, make_queue, django_assert_num_queries
 ):
     admin_client.get(DASHBOARD)  # warm up: the session
-    dispatchers.start("external", "web", 1)
+    dispatcher_registry.start("external", "web", 1)
     for n in range(20):
         make_queue(f"more{n}.#", name=f"more_{n}")
 
@@ -461,7 +461,7 @@ def test_the_series_read_the_big_tables_through_indexes(
         assert "pgmb_message_created" in {index for _, index in scans}
         assert "pgmb_attempt_created" in {index for _, index in scans}
     # And it computes the hour: ~450 messages, each with its attempt.
-    points = series.series()
+    points = dashboard_series.series()
     assert 400 < sum(p.delivered + p.failed for p in points) < 500
     assert sum(p.unrouted for p in points) == 0
 

@@ -8,7 +8,7 @@ import datetime
 
 import pytest
 
-from pgmb import series
+from pgmb import dashboard_series
 from pgmb.models import HourlyStatistics
 
 from .test_dashboard import DASHBOARD, svgs
@@ -41,13 +41,13 @@ def row(at, delivered, failed=0, dead=0, *, queue="", worker="", p50=None, p95=N
 
 
 def points(range_, queue=None, worker=None, now=NOW):
-    from pgmb.deliveries import run
+    from pgmb.db.statements import run
 
-    return run(series.series_call(range_, queue, worker, now=now))
+    return run(dashboard_series.series_call(range_, queue, worker, now=now))
 
 
 def test_a_day_is_24_hours_ending_with_the_current_one():
-    found = points(series.DAY)
+    found = points(dashboard_series.DAY)
     assert len(found) == 24
     assert found[-1].at == hour(0) and found[0].at == hour(23)
     assert all(p.delivered == p.failed == 0 and p.latency_p50_ms is None for p in found)
@@ -57,11 +57,11 @@ def test_a_day_is_24_hours_ending_with_the_current_one():
 def test_rows_land_in_their_hour_and_the_week_reaches_further():
     row(hour(3), 120, 7, 2, p50=40.0, p95=95.5)
     row(hour(30), 5)
-    day = {p.at: p for p in points(series.DAY)}
+    day = {p.at: p for p in points(dashboard_series.DAY)}
     assert (day[hour(3)].delivered, day[hour(3)].failed, day[hour(3)].dead_lettered) == (120, 7, 2)
     assert (day[hour(3)].latency_p50_ms, day[hour(3)].latency_p95_ms) == (40.0, 95.5)
     assert hour(30) not in day
-    week = points(series.WEEK)
+    week = points(dashboard_series.WEEK)
     assert len(week) == 7 * 24
     assert {p.at: p.delivered for p in week if p.delivered} == {hour(3): 120, hour(30): 5}
 
@@ -71,16 +71,18 @@ def test_a_queue_or_a_worker_reads_its_own_rows():
     row(hour(2), 60, queue="orders", worker="shop")
     row(hour(2), 40, queue="mail", worker="mailer")
     row(hour(2), 60, worker="shop")  # the worker's total
-    assert [p.delivered for p in points(series.DAY, queue="orders") if p.delivered] == [60]
-    assert [p.delivered for p in points(series.DAY, worker="mailer") if p.delivered] == []
-    assert [p.delivered for p in points(series.DAY, worker="shop") if p.delivered] == [60]
-    assert [p.delivered for p in points(series.DAY) if p.delivered] == [100]
+    assert [p.delivered for p in points(dashboard_series.DAY, queue="orders") if p.delivered] == [
+        60
+    ]
+    assert [p.delivered for p in points(dashboard_series.DAY, worker="mailer") if p.delivered] == []
+    assert [p.delivered for p in points(dashboard_series.DAY, worker="shop") if p.delivered] == [60]
+    assert [p.delivered for p in points(dashboard_series.DAY) if p.delivered] == [100]
 
 
 def test_a_queue_that_changed_worker_in_the_hour_adds_up():
     row(hour(1), 30, 3, queue="orders", worker="old", p50=10.0)
     row(hour(1), 70, 1, queue="orders", worker="new", p50=20.0)
-    [point] = [p for p in points(series.DAY, queue="orders") if p.delivered]
+    [point] = [p for p in points(dashboard_series.DAY, queue="orders") if p.delivered]
     assert (point.delivered, point.failed) == (100, 4)
     assert point.latency_p50_ms == 20.0  # the busier row's
 

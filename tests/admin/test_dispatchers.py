@@ -1,15 +1,15 @@
 """Dispatchers in the admin: a read-only list with their state, not-stopped by default."""
 
-from pgmb import dispatchers
+from pgmb import dispatcher_registry
 
 from .conftest import table_rows, url
 
 
 def _register(host: str, *, stopped: bool = False, gone: bool = False, sql=None) -> int:
-    me = dispatchers.start("external", host, 100, ["order_queue", "audit_queue"])
-    dispatchers.beat(me, 2, 40, 3)
+    me = dispatcher_registry.start("external", host, 100, ["order_queue", "audit_queue"])
+    dispatcher_registry.beat(me, 2, 40, 3)
     if stopped:
-        dispatchers.stop(me, 41, 3)
+        dispatcher_registry.stop(me, 41, 3)
     if gone:
         sql(
             "UPDATE pgmb_dispatcher SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s",
@@ -22,7 +22,7 @@ def test_the_list_shows_running_and_gone_dispatchers_by_default(admin_client, db
     _register("web-running")
     _register("web-gone", gone=True, sql=sql)
     _register("web-stopped", stopped=True)
-    in_db = dispatchers.start("in_database", "local", 777, None)
+    in_db = dispatcher_registry.start("in_database", "local", 777, None)
 
     response = admin_client.get(url("dispatcherprocess_changelist"))
 
@@ -60,7 +60,7 @@ def test_the_list_is_read_only(admin_client, db):
     assert b'name="_save"' not in page.content
     changelist = admin_client.get(url("dispatcherprocess_changelist"))
     assert b'name="action"' not in changelist.content
-    assert dispatchers.dispatchers()[0].state == "running"
+    assert dispatcher_registry.dispatchers()[0].state == "running"
 
 
 def test_the_list_takes_the_same_queries_whatever_its_length(

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from tests.indexes import SMALL, drained_backlog, index_sizes
 
 THRESHOLDS = {"HOUSEKEEPING_MIN_INDEX_BYTES": SMALL.min_index_bytes}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from django.db import connections
 
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options, Stats
 
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 import pgmb
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Attempt, Delivery, Worker
 from tests.waiting import DEADLINE

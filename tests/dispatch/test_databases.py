@@ -27,7 +27,7 @@ from django.db import connections
 from psycopg import sql
 
 import pgmb
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess, Queue, Worker
 from tests.dispatch.test_processes import _watch
 from tests.httpserver import reply

@@ -12,7 +12,7 @@ import pytest
 
 import pgmb
 from pgmb import deliveries
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Attempt, DeadLetter, Delivery
 from tests.httpserver import hangup, reply, retry_after, slow
@@ -244,9 +244,9 @@ def test_an_outcome_the_database_refuses_does_not_hold_back_the_others(
     async def write() -> None:
         dispatcher = Dispatcher(conninfo_from_django("default"), Options())
         try:
-            await dispatcher._write(deliveries.fail_call, [good[0], refused, good[1]])
+            await dispatcher.outcomes.write(deliveries.fail_call, [good[0], refused, good[1]])
         finally:
-            await dispatcher._outcomes_db.close()
+            await dispatcher.outcomes.db.close()
 
     with caplog.at_level("ERROR", logger="pgmb.dispatch"):
         asyncio.run(write())

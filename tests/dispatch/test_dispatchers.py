@@ -1,4 +1,4 @@
-"""Dispatchers register, heartbeat and stop, so an operator sees them (pgmb.dispatchers):
+"""Dispatchers register, heartbeat and stop, so an operator sees them (pgmb.dispatcher_registry):
 the SQL rule, real pgmb_dispatch processes, and a heartbeat the database refuses."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ import signal
 from django.db import connection
 
 import pgmb
-from pgmb import dispatchers
+from pgmb import dispatcher_registry
 from pgmb.models import Delivery, DispatcherProcess
 from tests.waiting import wait_until
 
 FAST = {"PGMB_TEST_HEARTBEAT_INTERVAL": "0.2"}
 
 
-def _info(pid: int) -> dispatchers.DispatcherInfo | None:
-    return next((d for d in dispatchers.dispatchers() if d.pid == pid), None)
+def _info(pid: int) -> dispatcher_registry.DispatcherInfo | None:
+    return next((d for d in dispatcher_registry.dispatchers() if d.pid == pid), None)
 
 
 def test_state_running_gone_stopped_and_maintenance(db, sql):
-    me = dispatchers.start("external", "web-1", 4242, ["order_queue"])
-    [info] = dispatchers.dispatchers()
+    me = dispatcher_registry.start("external", "web-1", 4242, ["order_queue"])
+    [info] = dispatcher_registry.dispatchers()
     assert (info.id, info.kind, info.host, info.pid, info.queues, info.state) == (
         me,
         "external",
@@ -35,27 +35,29 @@ def test_state_running_gone_stopped_and_maintenance(db, sql):
     assert info.stopped_at is None and (info.in_flight, info.delivered, info.failed) == (0, 0, 0)
     # Gone once the last heartbeat is older than the threshold (60 s), not before.
     beat = info.heartbeat_at
-    assert dispatchers.dispatchers(beat + datetime.timedelta(seconds=59))[0].state == "running"
-    assert dispatchers.dispatchers(beat + datetime.timedelta(seconds=61))[0].state == "gone"
-    assert dispatchers.beat(me, 3, 10, 2)
-    info = dispatchers.dispatchers()[0]
+    assert (
+        dispatcher_registry.dispatchers(beat + datetime.timedelta(seconds=59))[0].state == "running"
+    )
+    assert dispatcher_registry.dispatchers(beat + datetime.timedelta(seconds=61))[0].state == "gone"
+    assert dispatcher_registry.beat(me, 3, 10, 2)
+    info = dispatcher_registry.dispatchers()[0]
     assert (info.in_flight, info.delivered, info.failed) == (3, 10, 2)
     assert info.heartbeat_at >= beat
-    assert dispatchers.stop(me, 12, 2)
-    info = dispatchers.dispatchers()[0]
+    assert dispatcher_registry.stop(me, 12, 2)
+    info = dispatcher_registry.dispatchers()[0]
     assert (info.state, info.in_flight, info.delivered, info.failed) == ("stopped", 0, 12, 2)
     assert info.stopped_at is not None
-    assert not dispatchers.beat(me, 0, 0, 0)  # a stopped one must register again
-    assert not dispatchers.stop(me)
+    assert not dispatcher_registry.beat(me, 0, 0, 0)  # a stopped one must register again
+    assert not dispatcher_registry.stop(me)
     # The SQL view says the same.
     assert sql("SELECT state, delivered FROM pgmb.dispatchers WHERE id = %s", (me,)) == [
         ("stopped", 12)
     ]
 
     # Maintenance removes stopped and gone rows older than a day, nothing else.
-    running = dispatchers.start("external", "web-2", 1, None)
-    old_gone = dispatchers.start("external", "web-3", 2, None)
-    quiet = dispatchers.start("external", "web-4", 3, None)  # gone, but not for a day yet
+    running = dispatcher_registry.start("external", "web-2", 1, None)
+    old_gone = dispatcher_registry.start("external", "web-3", 2, None)
+    quiet = dispatcher_registry.start("external", "web-4", 3, None)  # gone, but not for a day yet
     sql(
         "UPDATE pgmb_dispatcher SET heartbeat_at = now() - interval '2 days',"
         " stopped_at = now() - interval '2 days' WHERE id = %s",
@@ -70,7 +72,10 @@ def test_state_running_gone_stopped_and_maintenance(db, sql):
         (quiet,),
     )
     sql("SELECT pgmb.maintenance()")
-    assert {d.id: d.state for d in dispatchers.dispatchers()} == {running: "running", quiet: "gone"}
+    assert {d.id: d.state for d in dispatcher_registry.dispatchers()} == {
+        running: "running",
+        quiet: "gone",
+    }
 
 
 def test_a_dispatch_process_registers_beats_and_stops(
@@ -110,7 +115,9 @@ def test_a_killed_dispatcher_is_gone_once_its_heartbeat_is_old(spawn, make_queue
     assert info is not None and info.state == "running"  # nobody can know yet
     # 61 s after its last heartbeat (more than the threshold) it is gone...
     later = info.heartbeat_at + datetime.timedelta(seconds=61)
-    assert [d.state for d in dispatchers.dispatchers(later) if d.pid == proc.pid] == ["gone"]
+    assert [d.state for d in dispatcher_registry.dispatchers(later) if d.pid == proc.pid] == [
+        "gone"
+    ]
     # ...and so it is now, once its last heartbeat is made that old.
     sql("UPDATE pgmb_dispatcher SET heartbeat_at = heartbeat_at - interval '61 seconds'")
     info = _info(proc.pid)

@@ -10,8 +10,8 @@ import threading
 import psycopg
 
 import pgmb
-from pgmb.dispatch.database import conninfo_from_django
-from pgmb.dispatch.engine import Dispatcher, Options
+from pgmb.db.conninfo import conninfo_from_django
+from pgmb.dispatch.housekeeper import Housekeeper
 from pgmb.models import Attempt
 from tests.indexes import SMALL, drained_backlog, index_sizes
 from tests.waiting import wait_until
@@ -114,16 +114,11 @@ def test_pgmb_dispatch_rebuilds_them_as_it_runs(spawn, recording_server, make_wo
 
 def test_a_dispatcher_looks_at_most_once_per_interval_and_only_after_work(transactional_db):
     async def looks() -> list[bool]:
-        options = Options(housekeeping_interval=3600, housekeeping_thresholds=SMALL)
-        dispatcher = Dispatcher(conninfo_from_django("default"), options)
+        housekeeper = Housekeeper(conninfo_from_django("default"), 0, 3600, SMALL)
         started = []
         for claimed in (0, 5, 5, 9):  # nothing yet; work; no more work; work within the hour
-            dispatcher.stats.claimed = claimed
-            before = dispatcher._housekeeping
-            dispatcher._housekeep_if_due()
-            started.append(dispatcher._housekeeping is not before)
-            if dispatcher._housekeeping is not None:
-                await dispatcher._housekeeping
+            started.append(housekeeper.start_if_due(claimed))
+            await housekeeper.wait()
         return started
 
     assert asyncio.run(looks()) == [False, True, False, False]

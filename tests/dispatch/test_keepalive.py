@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.dispatch.client import new_session
 from pgmb.dispatch.client import post as dispatcher_post
-from pgmb.dispatch.database import conninfo_from_django
 from tests.closinghttp import ClosingServer, Http10Server
 from tests.httpserver import RecordingServer, held, reply, retry_after
 

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 
 import pgmb
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, DispatcherProcess, Worker
 from tests.httpserver import held, reply
 from tests.processes import ROOT

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from tests.waiting import wait_until
 
 TRANSPORTS = ["http", "plpython3u"]

@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import pgmb
-from pgmb import dispatchers
+from pgmb import dispatcher_registry
 from pgmb.models import Delivery
 from tests.waiting import wait_until
 
@@ -78,7 +78,8 @@ def test_pg_cron_runs_the_dispatcher(cron, recording_server, make_worker, make_q
     # ...and registered as a dispatcher, running.
     wait_until(
         lambda: any(
-            d.kind == "in_database" and d.state == "running" for d in dispatchers.dispatchers()
+            d.kind == "in_database" and d.state == "running"
+            for d in dispatcher_registry.dispatchers()
         ),
         message="the job's loop to show as a running dispatcher",
     )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 import pgmb
-from pgmb import dispatchers
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb import dispatcher_registry
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.models import Delivery, DispatcherProcess
 from tests.waiting import wait_until
 
@@ -17,7 +17,7 @@ def test_the_loop_registers_and_stops(pg, transport, recording_server, make_work
     [(backend,)] = pg.execute("SELECT pg_backend_pid()").fetchall()
     pg.execute("CALL pgmb.dispatch_loop(0.5, 50)")
     assert not Delivery.objects.exists()
-    [info] = [d for d in dispatchers.dispatchers() if d.pid == backend]
+    [info] = [d for d in dispatcher_registry.dispatchers() if d.pid == backend]
     assert (info.kind, info.pid, info.queues, info.state) == (
         "in_database",
         backend,
@@ -27,7 +27,7 @@ def test_the_loop_registers_and_stops(pg, transport, recording_server, make_work
     assert (info.delivered, info.failed, info.in_flight) == (3, 0, 0)
     # The next run of a scheduled loop replaces its predecessor's stopped row.
     pg.execute("CALL pgmb.dispatch_loop(0.1, 50)")
-    [again] = [d for d in dispatchers.dispatchers() if d.pid == backend]
+    [again] = [d for d in dispatcher_registry.dispatchers() if d.pid == backend]
     assert again.id != info.id and again.state == "stopped" and again.delivered == 0
 
 
@@ -48,7 +48,9 @@ def test_the_loop_is_running_while_it_runs(pg, transport, make_queue):
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     info = wait_until(
-        lambda: next((d for d in dispatchers.dispatchers() if d.queues == ["nothing_here"]), None),
+        lambda: next(
+            (d for d in dispatcher_registry.dispatchers() if d.queues == ["nothing_here"]), None
+        ),
         message="the loop to register",
     )
     assert (info.kind, info.queues, info.state) == ("in_database", ["nothing_here"], "running")

@@ -8,8 +8,8 @@ import time
 import pytest
 
 import pgmb
-from pgmb.dispatch.request import build_headers
 from pgmb.models import Attempt, DeadLetter, Delivery
+from pgmb.worker_request import build_headers
 from tests.httpserver import hangup, reply, retry_after, slow
 
 

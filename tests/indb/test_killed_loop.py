@@ -9,7 +9,7 @@ import psycopg
 
 import pgmb
 from pgmb import deliveries
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery
 from tests.httpserver import held
 from tests.waiting import wait_until

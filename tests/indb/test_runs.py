@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 import pgmb
-from pgmb.dispatch.request import build_headers
 from pgmb.models import Attempt, DeadLetter, Delivery
+from pgmb.worker_request import build_headers
 from tests.closinghttp import ClosingServer, Http10Server
 from tests.faults import _store_with_triggers_off
 from tests.httpserver import held, reply

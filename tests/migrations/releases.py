@@ -1,4 +1,4 @@
-"""pgmb's releases as the migration tests see them (docs/decisions/0040)."""
+"""pgmb's releases as the migration tests see them (docs/decisions/0023)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,6 @@ def frozen(filename: str) -> str:
         f"-- that pgmb.sql.{FROZEN[filename]} names, in its order.\n"
         "-- Written by `make schema` until its release is cut, never edited after: read and\n"
         "-- change pgmb/sql/schema/, and put a released schema's changes in the next\n"
-        "-- release's migration (docs/decisions/0040-one-migration-per-release.md).\n\n"
+        "-- release's migration (docs/decisions/0023-one-migration-per-release.md).\n\n"
         + sql.schema_source(names)
     )

@@ -96,4 +96,4 @@ def test_the_unreleased_migration_runs_the_source_as_it_is():
 def test_a_migration_per_release():
     loader = MigrationLoader(None, ignore_no_migrations=True)
     names = sorted(name for app, name in loader.disk_migrations if app == "pgmb")
-    assert names == sorted({*RELEASED, UNRELEASED}), "one migration per release (decision 0040)"
+    assert names == sorted({*RELEASED, UNRELEASED}), "one migration per release (decision 0023)"

@@ -17,6 +17,7 @@ import pytest
 from django.db import connection
 
 from pgmb import deliveries
+from pgmb.db.statements import arun
 from pgmb.dispatch.engine import Dispatcher, Options
 from tests.migrations.conftest import manage
 from tests.migrations.releases import RELEASED
@@ -103,7 +104,7 @@ def test_a_database_full_of_live_deliveries_upgrades_and_delivers(
 
         async def requeue() -> int:
             async with await psycopg.AsyncConnection.connect(**info, autocommit=True) as aconn:
-                return await deliveries.arun(aconn, deliveries.requeue_queue_call("dead_queue"))
+                return await arun(aconn, deliveries.requeue_queue_call("dead_queue"))
 
         assert asyncio.run(requeue()) == 1
 

@@ -118,6 +118,24 @@ def test_round_trip_archives_finished_messages_and_keeps_the_rest(
 
 
 @spark
+def test_older_than_0_archives_every_message_finished_up_to_now(run_pipeline, make_queue, tmp_path):
+    history = build_history(make_queue)
+    out = tmp_path / "archive"
+
+    report = run_pipeline("archive", "--output", str(out), "--older-than", "0")
+
+    archived = {uuid.UUID(m) for m in read_archive(out).messages}
+    # The old finished ones, and the one whose last attempt was just now (a 7-day or 5-day
+    # cutoff keeps it); the dead letter and the live delivery stay.
+    assert history.archived < archived
+    assert archived.isdisjoint(message_ids())
+    assert message_ids() < history.kept
+    [(_, state, n_messages, *_)] = runs()
+    assert (state, n_messages) == ("done", len(archived))
+    assert f"archived {len(archived)} messages" in report
+
+
+@spark
 def test_the_stats_job_counts_the_archive_as_it_counted_postgresql(
     run_pipeline, make_queue, tmp_path
 ):
@@ -334,15 +352,17 @@ def test_killed_in_the_middle_of_the_deletes(run_pipeline, spawn_archive, make_q
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["--older-than", "0"], "argument --older-than: must be a positive number of days: '0'"),
-        (["--older-than", "-2"], "argument --older-than: must be a positive number of days: '-2'"),
+        (
+            ["--older-than", "-2"],
+            "argument --older-than: must be a number of days, 0 or more: '-2'",
+        ),
         (
             ["--older-than", "nan"],
-            "argument --older-than: must be a positive number of days: 'nan'",
+            "argument --older-than: must be a number of days, 0 or more: 'nan'",
         ),
         (
             ["--older-than", "inf"],
-            "argument --older-than: must be a positive number of days: 'inf'",
+            "argument --older-than: must be a number of days, 0 or more: 'inf'",
         ),
         (["--older-than", "1e9"], "argument --older-than: must be at most 100000 days: '1e9'"),
         (["--older-than", "week"], "argument --older-than: not a number of days: 'week'"),
@@ -424,10 +444,11 @@ def test_one_archive_job_at_a_time(run_pipeline, make_queue, tmp_path):
     assert not (tmp_path / "a" / "messages").exists()
 
 
-def test_the_setting_must_be_a_positive_number_of_days():
-    assert conf.errors({"PIPELINE_ARCHIVE_OLDER_THAN_DAYS": 0}) == [
-        "PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS'] must be a positive number of days"
+def test_the_setting_must_be_a_number_of_days_0_or_more():
+    assert conf.errors({"PIPELINE_ARCHIVE_OLDER_THAN_DAYS": 1e9}) == [
+        "PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS'] must be at most 100000 days"
     ]
+    assert conf.errors({"PIPELINE_ARCHIVE_OLDER_THAN_DAYS": 0}) == []
     assert conf.errors({"PIPELINE_ARCHIVE_OLDER_THAN_DAYS": "7"})
     assert conf.errors({"PIPELINE_ARCHIVE_OLDER_THAN_DAYS": 0.5}) == []
     assert conf.Settings().PIPELINE_ARCHIVE_OLDER_THAN_DAYS == 7

@@ -11,8 +11,8 @@ import sys
 import pytest
 from django.core.management import CommandError, call_command
 
-from pgmb.pipeline.database import Database
-from pgmb.pipeline.errors import PipelineError
+from pgmb.errors import PipelineError
+from pgmb.pipeline.postgres import Database
 from pgmb.pipeline.spark import jdbc_jars, parse_conf
 
 

@@ -21,7 +21,7 @@ from django.db import DatabaseError, connection, transaction
 
 import pgmb
 from pgmb import sql as queries
-from pgmb.pipeline.errors import PipelineError
+from pgmb.errors import PipelineError
 from pgmb.pipeline.publish_input import input_format
 from pgmb.pipeline.publish_rows import CHECKED, Plan, json_problem, problem
 from pgmb.routing import compile_binding, matches

@@ -16,8 +16,8 @@ import pytest
 from django.core.management import CommandError
 from django.db import connection
 
+from pgmb.errors import PipelineError
 from pgmb.models import Attempt, HourlyStatistics, Queue
-from pgmb.pipeline.errors import PipelineError
 from pgmb.pipeline.spark import session
 from pgmb.pipeline.stats import check_paths, parse_since, window_start
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import pgmb
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,7 @@ import pytest
 
 import pgmb
 from pgmb import deliveries, pull
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery, Queue
 from tests.waiting import wait_until
 

@@ -14,7 +14,7 @@ import pytest
 
 import pgmb
 from pgmb import deliveries, housekeeping
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.housekeeping import Thresholds
 from tests.indexes import BACKLOG, SMALL, drained_backlog, index_sizes, live_rows, publish
 from tests.waiting import wait_until

@@ -6,7 +6,7 @@ SQL function; the test requires the same verdict (accepted or refused) and, wher
 rule yields a value, equal values (Retry-After dates within a second, as the two sides read
 the clock at different moments). The rules themselves are written in words next to their
 Python implementation: pgmb/routing.py (keys, names), pgmb/models.py (endpoints),
-pgmb/dispatch/request.py (secrets), pgmb/durations.py (delays), pgmb/dispatch/client.py
+pgmb/worker_request.py (secrets), pgmb/durations.py (delays), pgmb/dispatch/client.py
 (Retry-After). NUL (U+0000) is in the key and secret classes but cannot be sent to
 PostgreSQL in a text at all, so the tables do not hold it.
 """
@@ -31,7 +31,8 @@ from django.db import connection, transaction
 
 import pgmb
 from pgmb import deliveries, durations, models, routing
-from pgmb.dispatch import client, request
+from pgmb import worker_request as request
+from pgmb.dispatch import client
 from pgmb.errors import InvalidDelay
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from pgmb import access
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.errors import AccessDenied, UnknownObject
 from pgmb.models import Delivery, Message
 

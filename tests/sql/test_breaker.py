@@ -10,8 +10,8 @@ import pytest
 
 import pgmb
 from pgmb import breakers, deliveries
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.deliveries import Failure, Success
-from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Delivery, Worker
 
 

@@ -12,8 +12,9 @@ from django.db import connection
 
 import pgmb
 from pgmb import deliveries
+from pgmb.db.conninfo import conninfo_from_django
+from pgmb.db.statements import arun
 from pgmb.deliveries import Failure, Success
-from pgmb.dispatch.database import conninfo_from_django
 from pgmb.models import Attempt, DeadLetter, Delivery
 
 
@@ -288,21 +289,23 @@ def test_claim_ack_fail_query_counts(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_async_api_runs_the_same_transitions(make_queue):
+def test_the_calls_run_the_same_transitions_on_an_async_connection(make_queue):
+    """The external dispatcher runs the state machine's calls with arun, on psycopg's
+    AsyncConnection."""
     make_queue("#", max_retries=0)
     pgmb.send_batch(("k", n) for n in range(3))
 
     async def transitions() -> list[deliveries.Claimed]:
         info = conninfo_from_django("default")
         async with await psycopg.AsyncConnection.connect(**info, autocommit=True) as conn:
-            claims = await deliveries.aclaim(conn, None, 10)
+            claims = await arun(conn, deliveries.claim_call(None, 10))
             first, second, third = claims
-            assert await deliveries.aack(conn, [Success(first.delivery_id, 200, 1.5)]) == 1
+            success = Success(first.delivery_id, 200, 1.5)
+            assert await arun(conn, deliveries.ack_call([success])) == 1
             failure = Failure(second.delivery_id, second.lease_id, 500, "down")
-            assert await deliveries.afail(conn, [failure]) == 1
-            assert await deliveries.arelease(conn, [third]) == 1
-            assert await deliveries.areclaim_expired(conn) == 0
-            assert await deliveries.aack(conn, []) == 0  # nothing to send, no query
+            assert await arun(conn, deliveries.fail_call([failure])) == 1
+            assert await arun(conn, deliveries.release_call([third])) == 1
+            assert await arun(conn, deliveries.reclaim_expired_call()) == 0
             return claims
 
     claims = asyncio.run(transitions())

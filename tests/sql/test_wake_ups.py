@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from pgmb.dispatch.database import conninfo_from_django
+from pgmb.db.conninfo import conninfo_from_django
 
 MARKER = "marker"
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +11,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
 from pgmb import conf
+from pgmb.cli_args import positive
 from pgmb.consume import PREFETCH, Consumer
-from pgmb.management.commands.pgmb_dispatch import _positive
+from pgmb.db.error_text import first_line
+from pgmb.process_logging import log_to_stderr
 
 
 class Command(BaseCommand):
@@ -37,7 +37,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--batch",
-            type=_positive(int),
+            type=positive(int),
             default=None,
             metavar="N",
             help="Call the handler with lists of up to N messages (default: one message per "
@@ -45,7 +45,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--vt",
-            type=_positive(float),
+            type=positive(float),
             default=None,
             metavar="SECONDS",
             help="Visibility timeout of each read (default: the queue's lease); extended "
@@ -53,14 +53,14 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive(float),
+            type=positive(float),
             default=conf.get().DISPATCH_POLL_INTERVAL,
             metavar="SECONDS",
             help="Longest wait between reads when no notification arrives (default %(default)s).",
         )
         parser.add_argument(
             "--max-messages",
-            type=_positive(int),
+            type=positive(int),
             default=None,
             metavar="N",
             help="Stop once N messages were handled (deleted or failed).",
@@ -68,7 +68,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         handler = self._handler(opts["handler"])
-        self._configure_logging(opts["verbosity"])
+        log_to_stderr(("pgmb.consume",), opts["verbosity"])
         consumer = Consumer(
             opts["queue"],
             handler,
@@ -87,7 +87,7 @@ class Command(BaseCommand):
             try:
                 conn = consumer.connect_waiting()
             except psycopg.Error as exc:
-                raise CommandError(str(exc).strip().splitlines()[0]) from exc
+                raise CommandError(first_line(exc)) from exc
             if conn is None:
                 if opts["verbosity"] >= 1:
                     self.stdout.write("stopped before the database could be reached")
@@ -110,11 +110,3 @@ class Command(BaseCommand):
         if not callable(handler):
             raise CommandError(f"the handler {path!r} is not callable")
         return handler
-
-    def _configure_logging(self, verbosity: int) -> None:
-        logger = logging.getLogger("pgmb.consume")
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-            logger.addHandler(handler)
-        logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

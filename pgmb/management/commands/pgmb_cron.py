@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections, transaction
 
 from pgmb import conf, indb, sql
+from pgmb.db.error_text import first_line
 
 
 class Command(BaseCommand):
@@ -31,9 +32,7 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             cause = exc.__cause__ or exc
             hint = getattr(getattr(cause, "diag", None), "message_hint", None)
-            raise CommandError(
-                f"{str(cause).strip().splitlines()[0]}" + (f" ({hint})" if hint else "")
-            ) from exc
+            raise CommandError(first_line(cause) + (f" ({hint})" if hint else "")) from exc
 
     def install(self, cursor: Any, batch: int) -> None:
         caps = indb.capabilities(cursor)

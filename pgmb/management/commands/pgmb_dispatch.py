@@ -2,38 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
-from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf
-from pgmb.dispatch import heap
-from pgmb.dispatch.database import conninfo_from_django
-from pgmb.dispatch.engine import Options
-from pgmb.dispatch.supervisor import Supervisor
-from pgmb.housekeeping import Thresholds
-from pgmb.models import Queue
-
-from .pgmb_send import database_reason
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ValueError(text) from None
-        if value <= 0:
-            raise ValueError(text)
-        return value
-
-    parse.__name__ = f"positive {kind.__name__}"
-    return parse
+from pgmb.cli_args import positive
+from pgmb.dispatch import process
+from pgmb.process_logging import log_to_stderr
 
 
 class Command(BaseCommand):
@@ -62,19 +38,19 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive(int),
+            type=positive(int),
             default=settings.DISPATCH_CONCURRENCY,
             help="Requests in flight at most (default %(default)s).",
         )
         parser.add_argument(
             "--batch",
-            type=_positive(int),
+            type=positive(int),
             default=settings.DISPATCH_BATCH,
             help="Deliveries claimed per query at most (default %(default)s).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive(float),
+            type=positive(float),
             default=settings.DISPATCH_POLL_INTERVAL,
             help="Longest wait between polls when no notification arrives, in seconds.",
         )
@@ -86,7 +62,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--give-up-after",
-            type=_positive(float),
+            type=positive(float),
             default=None,
             metavar="SECONDS",
             help="Exit with an error once the database has been unreachable this long "
@@ -94,41 +70,34 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-seconds",
-            type=_positive(float),
+            type=positive(float),
             default=None,
             help="Stop (gracefully) after this many seconds.",
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        settings = conf.get()
-        aliases = self._aliases(opts["databases"] or [settings.DATABASE])
+        try:
+            aliases = process.check_aliases(opts["databases"] or [conf.get().DATABASE])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         if opts["queues"]:
-            self._check_queues(aliases, opts["queues"])
-        self._configure_logging(opts["verbosity"])
-        options = Options(
-            queues=opts["queues"],
-            concurrency=opts["concurrency"],
-            batch=opts["batch"],
-            poll_interval=opts["poll_interval"],
-            reclaim_interval=settings.DISPATCH_RECLAIM_INTERVAL,
-            until_idle=opts["until_idle"],
-            max_seconds=opts["max_seconds"],
-            give_up_after=opts["give_up_after"]
-            or (settings.DISPATCH_GIVE_UP if opts["until_idle"] else None),
-            body_limit=settings.RESPONSE_BODY_LIMIT,
-            heartbeat_interval=settings.DISPATCH_HEARTBEAT_INTERVAL,
-            housekeeping_interval=settings.HOUSEKEEPING_INTERVAL,
-            housekeeping_thresholds=Thresholds.from_settings(),
-            vacuum_every=settings.HOUSEKEEPING_VACUUM_EVERY,
+            unknown, unread = process.unknown_queues(aliases, opts["queues"])
+            for problem in unread:
+                self.stderr.write(problem)
+            if unknown and not unread:
+                where = "" if len(aliases) == 1 else " (in none of the databases served)"
+                raise CommandError(f"unknown queue(s){where}: {', '.join(unknown)}")
+        log_to_stderr(("pgmb.dispatch",), opts["verbosity"])
+        options = process.options(
+            opts["queues"],
+            opts["concurrency"],
+            opts["batch"],
+            opts["poll_interval"],
+            opts["until_idle"],
+            opts["max_seconds"],
+            opts["give_up_after"],
         )
-        supervisor = Supervisor({alias: conninfo_from_django(alias) for alias in aliases}, options)
-        frozen = heap.settle()
-        logging.getLogger("pgmb.dispatch").debug(
-            "heap settled: %d objects frozen, young collections every %d allocations",
-            frozen,
-            heap.YOUNG_THRESHOLD,
-        )
-        served = asyncio.run(supervisor.run())
+        served = process.serve(aliases, options)
         if opts["verbosity"] >= 1:
             for alias, result in served.items():
                 prefix = f"database={alias} " if len(served) > 1 else ""
@@ -141,53 +110,3 @@ class Command(BaseCommand):
                 "gave up: "
                 + "; ".join(f"database {result.alias!r} {result.gave_up}" for result in gave_up)
             )
-
-    def _aliases(self, given: list[str]) -> list[str]:
-        """The aliases to serve, in order; an error for anything pgmb cannot serve."""
-        for alias in given:
-            try:
-                vendor = connections[alias].vendor
-            except ConnectionDoesNotExist:
-                raise CommandError(f"--database {alias!r} is not in settings.DATABASES") from None
-            if vendor != "postgresql":
-                raise CommandError(
-                    f"--database {alias!r} is {vendor}, not PostgreSQL: pgmb needs "
-                    "django.db.backends.postgresql"
-                )
-        if twice := sorted({alias for alias in given if given.count(alias) > 1}):
-            raise CommandError(f"--database given twice: {', '.join(map(repr, twice))}")
-        return given
-
-    def _check_queues(self, aliases: list[str], names: list[str]) -> None:
-        """Each ``--queue`` must exist in at least one of the databases served.
-
-        A database that cannot be read now (unreachable, not migrated) is that database's
-        problem, as it is once dispatching: a warning, and its queues are not counted.
-        """
-        known: set[str] = set()
-        unread = []
-        for alias in aliases:
-            try:
-                known.update(
-                    Queue.objects.using(alias).filter(name__in=names).values_list("name", flat=True)
-                )
-            except DatabaseError as exc:
-                unread.append(alias)
-                self.stderr.write(
-                    f"could not read the queues of database {alias!r}: {database_reason(exc)}"
-                )
-            finally:
-                # The dispatcher has connections of its own; this one would only idle.
-                connections[alias].close()
-        unknown = sorted(set(names) - known)
-        if unknown and not unread:
-            where = "" if len(aliases) == 1 else " (in none of the databases served)"
-            raise CommandError(f"unknown queue(s){where}: {', '.join(unknown)}")
-
-    def _configure_logging(self, verbosity: int) -> None:
-        logger = logging.getLogger("pgmb.dispatch")
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-            logger.addHandler(handler)
-        logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

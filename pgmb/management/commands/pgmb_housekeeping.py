@@ -21,7 +21,7 @@ from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf, housekeeping
-from pgmb.dispatch.database import _first_line
+from pgmb.db.error_text import first_line
 
 
 class Command(BaseCommand):
@@ -50,7 +50,7 @@ class Command(BaseCommand):
         try:
             report = housekeeping.housekeep(alias, dry_run=dry_run)
         except psycopg.Error as exc:
-            raise CommandError(_first_line(exc)) from exc
+            raise CommandError(first_line(exc)) from exc
         if not report.ran:
             self.stdout.write("another process is doing housekeeping: nothing done")
             return

@@ -21,8 +21,8 @@ from django.utils.connection import ConnectionDoesNotExist
 from psycopg.conninfo import make_conninfo
 
 from pgmb import conf
+from pgmb.errors import PipelineError
 from pgmb.pipeline import cli
-from pgmb.pipeline.errors import PipelineError
 
 # Django's connection settings and the libpq keywords they become.
 _LIBPQ = {"HOST": "host", "PORT": "port", "NAME": "dbname", "USER": "user", "PASSWORD": "password"}

@@ -25,9 +25,9 @@ from django.db.models import Q, QuerySet
 from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf, deliveries
+from pgmb.db.error_text import database_reason, one_line
+from pgmb.message_input import parse_id
 from pgmb.models import DeadLetter, Queue
-
-from .pgmb_send import database_reason, one_line, parse_id
 
 #: The most digits a dead-letter id (a bigint) has; a longer number is read as a UUID.
 MAX_ID_DIGITS = 19

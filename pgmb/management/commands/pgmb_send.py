@@ -19,180 +19,32 @@ anywhere publishes nothing and the error names the line.
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 import sys
-import time
-import uuid
-from collections.abc import Iterator
 from contextlib import ExitStack
-from datetime import datetime
 from typing import IO, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DataError, IntegrityError, connections, transaction
 from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf
-from pgmb.durations import check_seconds, parse_delay
+from pgmb.db.error_text import database_reason, one_line
+from pgmb.durations import parse_delay
 from pgmb.errors import PgmbError
-from pgmb.publish import Outgoing, send, send_batch, unrouted
-from pgmb.routing import validate_routing_key
-
-ENVELOPE_KEYS = (
-    "routing_key",
-    "body",
-    "headers",
-    "delay",
-    "id",
-    "priority",
-    "group",
-    "depends_on",
-    "dedup_id",
-    "max_retries",
-    "retry_delay",
+from pgmb.message_input import (
+    SINGLE_OPTIONS,
+    Delay,
+    LineError,
+    command_options,
+    parse_headers,
+    parse_id,
+    parse_json,
 )
-#: The message options (pgmb.send's keywords) a --file applies to every line.
-FILE_OPTIONS = ("priority", "group", "max_retries", "retry_delay")
-#: The options only a single message (or an envelope) may have.
-SINGLE_OPTIONS = ("depends_on", "dedup_id")
-
-Delay = float | datetime | None
-
-
-class LineError(Exception):
-    """Bad input on one line of ``--file``; reported as ``line N: ...``."""
-
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(f"line {line}: {message}")
-        self.line = line
-
-
-def one_line(text: str) -> str:
-    """``text`` on a single line: Django prints a CommandError as one line of stderr."""
-    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
-
-
-def database_reason(exc: DjangoDatabaseError) -> str:
-    """The database's own words for why it refused a statement (message and detail)."""
-    diag = getattr(exc.__cause__, "diag", None)
-    if diag is not None and diag.message_primary:
-        detail = f" ({diag.message_detail})" if diag.message_detail else ""
-        return one_line(f"{diag.message_primary}{detail}")
-    return one_line(str(exc))
-
-
-def _reject_constant(name: str) -> Any:
-    # Python's json reads NaN and Infinity, which are not JSON and which jsonb refuses.
-    raise ValueError(f"invalid JSON: {name} is not a JSON number")
-
-
-def parse_json(text: str) -> Any:
-    """Decode one JSON text; ``ValueError`` with a short reason if it is not JSON."""
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        hint = ""
-        if exc.pos == 0 and exc.msg == "Expecting value" and text.strip()[:1].isalpha():
-            hint = " (a JSON string needs double quotes, like '\"hello\"')"
-        raise ValueError(f"invalid JSON: {exc.msg} at column {exc.colno}{hint}") from None
-    except RecursionError:
-        raise ValueError("invalid JSON: nested too deeply") from None
-
-
-def parse_headers(value: Any, where: str) -> dict[str, Any]:
-    """Check that decoded headers are a JSON object."""
-    if not isinstance(value, dict):
-        raise ValueError(
-            f'{where} must be a JSON object, like \'{{"tenant": "eu"}}\', not {_json_type(value)}'
-        )
-    return value
-
-
-def parse_id(value: Any, where: str) -> uuid.UUID:
-    """A message id given as text."""
-    if not isinstance(value, str):
-        raise ValueError(f"{where} must be a UUID text, not {_json_type(value)}")
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise ValueError(f"{where} {value!r} is not a UUID") from None
-
-
-def parse_retry_delay(value: Any, where: str = "retry delay") -> float:
-    """Seconds between attempts: a JSON number, or a text :func:`parse_delay` reads as a
-    duration (not a point in time)."""
-    seconds = parse_delay(value) if isinstance(value, str) else value
-    if isinstance(seconds, datetime):
-        raise ValueError(f"{where} must be seconds or a duration (like 30s or 5m), not a time")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise ValueError(f"{where} must be a number of seconds or a text, not {_json_type(value)}")
-    return float(seconds)
-
-
-def parse_depends_on(value: Any, where: str = "depends_on") -> list[uuid.UUID]:
-    """Message ids: a list of UUID texts (an envelope) or comma-separated ones (the option)."""
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, list):
-        raise ValueError(f"{where} must be a list of message ids, not {_json_type(value)}")
-    return [parse_id(item, where) for item in value]
-
-
-def envelope_delay(value: Any) -> Delay:
-    """An envelope's ``delay``: seconds as a JSON number, or any text :func:`parse_delay` reads."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return parse_delay(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return check_seconds(value)
-    raise ValueError(f"delay must be a number of seconds or a text, not {_json_type(value)}")
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    return names.get(type(value), type(value).__name__)
-
-
-class Progress:
-    """A one-line progress report on a terminal, redrawn at most ten times a second."""
-
-    def __init__(self, out: Any, total_bytes: int | None, enabled: bool) -> None:
-        self.out, self.total, self.enabled = out, total_bytes, enabled
-        self.started = self.drawn = time.monotonic()
-        self.shown = False
-
-    def update(self, messages: int, done_bytes: int, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and now - self.drawn < 0.1):
-            return
-        self.drawn = now
-        rate = messages / max(now - self.started, 1e-6)
-        text = f"{messages:,} messages, {rate:,.0f}/s"
-        if self.total:
-            share = min(done_bytes / self.total, 1.0)
-            bar = "#" * int(share * 30)
-            text = f"{share:4.0%} [{bar:<30}] {text}"
-        self._write(f"\r\x1b[2K{text}")
-        self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            self._write("\r\x1b[2K")
-
-    def _write(self, text: str) -> None:
-        # Plain text: stderr's default style would paint the bar as an error.
-        self.out.write(text, style_func=str, ending="")
-        self.out.flush()
+from pgmb.publish import send, unrouted
+from pgmb.publish_file import remaining_bytes, send_file
+from pgmb.routing import validate_routing_key
+from pgmb.terminal_progress import Progress
 
 
 class Command(BaseCommand):
@@ -311,19 +163,7 @@ class Command(BaseCommand):
             else None
         )
         delay = parse_delay(options["delay"]) if options["delay"] is not None else None
-        message_options: dict[str, Any] = {
-            name: options[name]
-            for name in (*FILE_OPTIONS, *SINGLE_OPTIONS)
-            if options[name] is not None
-        }
-        if "retry_delay" in message_options:
-            message_options["retry_delay"] = parse_retry_delay(
-                message_options["retry_delay"], "--retry-delay"
-            )
-        if "depends_on" in message_options:
-            message_options["depends_on"] = parse_depends_on(
-                message_options["depends_on"], "--depends-on"
-            )
+        message_options = command_options(options)
 
         if path is None:
             message_id = parse_id(options["id"], "--id") if options["id"] is not None else None
@@ -407,173 +247,22 @@ class Command(BaseCommand):
         using: str,
     ) -> int:
         interactive = self.verbosity > 0 and self.stdout.isatty() and self.stderr.isatty()
-        progress = Progress(self.stderr, _remaining_bytes(stream), interactive)
-        count, done_bytes = 0, 0
-        batch: list[tuple[int, Outgoing]] = []
-        lost: list[tuple[int | None, str]] = []
+        progress = Progress(self.stderr, remaining_bytes(stream), interactive)
         try:
-            with transaction.atomic(using=using):
-                for number, text, size in _lines(stream, path):
-                    done_bytes += size
-                    if not text.strip():
-                        continue
-                    batch.append(
-                        (
-                            number,
-                            _outgoing(number, text, routing_key, headers, delay, message_options),
-                        )
-                    )
-                    if len(batch) >= batch_size:
-                        count += _flush(batch, using, lost)
-                        batch = []
-                        progress.update(count, done_bytes)
-                count += _flush(batch, using, lost)
-                progress.update(count, done_bytes, force=True)
+            count, lost = send_file(
+                stream,
+                path,
+                routing_key,
+                headers,
+                delay,
+                message_options,
+                batch_size,
+                using,
+                progress=progress.update,
+            )
+            progress.update(count, progress.total or 0, force=True)
         finally:
             progress.close()
         if lost:
             self._warn_unrouted(lost)
         return count
-
-
-def _remaining_bytes(stream: IO) -> int | None:
-    """Bytes left in ``stream`` if it is a regular file (a pipe's length is unknown)."""
-    try:
-        info = os.fstat(stream.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        return max(info.st_size - stream.tell(), 0)
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def _lines(stream: IO, path: str) -> Iterator[tuple[int, str, int]]:
-    """``(line number, text, size in bytes)`` for each line, read one at a time."""
-    number = 0
-    try:
-        for number, raw in enumerate(stream, 1):
-            if isinstance(raw, bytes):
-                size = len(raw)
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise LineError(number, f"not UTF-8 text (byte {exc.start + 1})") from None
-            else:
-                text, size = raw, len(raw.encode("utf-8", "surrogatepass"))
-            yield number, (text.removeprefix("\ufeff") if number == 1 else text), size
-    except OSError as exc:
-        where = "stdin" if path == "-" else path
-        raise CommandError(
-            f"cannot read {where} after line {number}: {exc.strerror or exc}"
-        ) from exc
-
-
-def _outgoing(
-    number: int,
-    text: str,
-    routing_key: str | None,
-    headers: dict[str, Any] | None,
-    delay: Delay,
-    message_options: dict[str, Any],
-) -> Outgoing:
-    """Parse and check one line, so that a bad one is reported with its number."""
-    try:
-        value = parse_json(text)
-        if routing_key is not None:
-            return Outgoing(routing_key, value, headers, delay, **message_options)
-        return _envelope(value, headers, delay, message_options)
-    except (PgmbError, ValueError) as exc:
-        raise LineError(number, str(exc)) from exc
-
-
-def _envelope(
-    value: Any, headers: dict[str, Any] | None, delay: Delay, message_options: dict[str, Any]
-) -> Outgoing:
-    """An envelope line; ``--headers``, ``--delay`` and the file's message options are
-    defaults its own fields override."""
-    if not isinstance(value, dict):
-        raise ValueError(
-            "without a ROUTING_KEY each line must be a JSON object "
-            f'{{"routing_key": ..., "body": ...}}, not {_json_type(value)}'
-        )
-    unknown = [key for key in value if key not in ENVELOPE_KEYS]
-    if unknown:
-        raise ValueError(
-            f"unknown key {', '.join(map(repr, unknown))} "
-            f"(an envelope has: {', '.join(ENVELOPE_KEYS)})"
-        )
-    missing = [key for key in ("routing_key", "body") if key not in value]
-    if missing:
-        raise ValueError(f"the envelope has no {' and no '.join(map(repr, missing))}")
-    if value.get("headers") is not None:
-        own = parse_headers(value["headers"], "headers")
-        headers = {**headers, **own} if headers else own
-    chosen = dict(message_options)
-    for name in (*FILE_OPTIONS, *SINGLE_OPTIONS):
-        if value.get(name) is not None:
-            chosen[name] = value[name]
-    if "retry_delay" in value and value["retry_delay"] is not None:
-        chosen["retry_delay"] = parse_retry_delay(value["retry_delay"])
-    if value.get("depends_on") is not None:
-        chosen["depends_on"] = parse_depends_on(value["depends_on"])
-    return Outgoing(
-        validate_routing_key(value["routing_key"]),
-        value["body"],
-        headers,
-        envelope_delay(value["delay"]) if value.get("delay") is not None else delay,
-        parse_id(value["id"], "id") if value.get("id") is not None else None,
-        **chosen,
-    )
-
-
-def _flush(
-    batch: list[tuple[int, Outgoing]], using: str, lost: list[tuple[int | None, str]]
-) -> int:
-    """Publish a batch in one INSERT; if the database refuses it, find the line to blame.
-
-    Lines whose message matched no queue are added to ``lost``.
-    """
-    if not batch:
-        return 0
-    try:
-        with transaction.atomic(using=using):
-            ids = send_batch([item for _, item in batch], using=using)
-    except (PgmbError, DataError, IntegrityError):
-        _blame(batch, using)
-        raise  # no single line fails alone: report the error as it is
-    if missing := set(unrouted(ids, using=using)):
-        lost.extend(
-            (number, item.routing_key)
-            for (number, item), mid in zip(batch, ids, strict=True)
-            if mid in missing
-        )
-    return len(batch)
-
-
-def _blame(batch: list[tuple[int, Outgoing]], using: str) -> None:
-    """Send the batch's messages one by one, raising :class:`LineError` at the first refusal.
-
-    Only runs once a batch has failed, so its cost does not matter; the messages it sends
-    go away with the file's transaction, which the error rolls back.
-    """
-    for number, item in batch:
-        try:
-            with transaction.atomic(using=using):
-                send(
-                    item.routing_key,
-                    item.body,
-                    headers=item.headers,
-                    delay=item.delay,
-                    message_id=item.message_id,
-                    priority=item.priority,
-                    group=item.group,
-                    depends_on=item.depends_on,
-                    dedup_id=item.dedup_id,
-                    max_retries=item.max_retries,
-                    retry_delay=item.retry_delay,
-                    using=using,
-                )
-        except PgmbError as exc:
-            raise LineError(number, str(exc)) from exc
-        except (DataError, IntegrityError) as exc:
-            raise LineError(number, f"the database refused it: {database_reason(exc)}") from exc

@@ -20,8 +20,7 @@ from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf, metrics
-
-from .pgmb_send import database_reason, one_line
+from pgmb.db.error_text import database_reason, one_line
 
 
 def _age(seconds: float | None) -> str:

@@ -2,7 +2,7 @@
 -- that pgmb.sql.SCHEMA names, in its order.
 -- Written by `make schema` until its release is cut, never edited after: read and
 -- change pgmb/sql/schema/, and put a released schema's changes in the next
--- release's migration (docs/decisions/0040-one-migration-per-release.md).
+-- release's migration (docs/decisions/0023-one-migration-per-release.md).
 
 -- ==== pgmb/sql/schema/types.sql ====
 -- Schema pgmb and the composite types its functions exchange. Django owns the pgmb_* tables
@@ -189,7 +189,7 @@ BEGIN
     RETURN seconds;
 END $$;
 
--- What breaks the secret rule (pgmb/dispatch/request.py says it in words), or NULL when the
+-- What breaks the secret rule (pgmb/worker_request.py says it in words), or NULL when the
 -- secret is usable: empty (unsigned); 'whsec_' then standard base64 with at most two '='
 -- whose data part has a length that is not 4n+1 and decodes to at least one byte; or any
 -- other text without control characters (a raw secret). Never quotes the secret.
@@ -2434,7 +2434,7 @@ ORDER BY d.started_at DESC, d.id DESC;
 -- ==== pgmb/sql/schema/indb.sql ====
 -- The in-database dispatch path: pgmb.dispatch_loop claims, posts through the http
 -- extension or the PL/Python transport (plpython.sql), signs requests like
--- pgmb/dispatch/request.py, records outcomes in batches, and is scheduled by pg_cron where
+-- pgmb/worker_request.py, records outcomes in batches, and is scheduled by pg_cron where
 -- it is installed (pgmb.cron_install). Each part is optional: `manage.py check` says what
 -- this database lacks.
 
@@ -2975,7 +2975,7 @@ BEGIN
     END IF;
 END $$;
 
--- The headers of each request of a run, as pgmb/dispatch/request.py builds them: the
+-- The headers of each request of a run, as pgmb/worker_request.py builds them: the
 -- message's own headers (printable ASCII values of valid names, none reserved: the
 -- names the transports set themselves, User-Agent included, are dropped whatever their case),
 -- pgmb's, and a Standard Webhooks signature when the worker has a secret. The header rule's

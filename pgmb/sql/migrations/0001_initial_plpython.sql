@@ -2,7 +2,7 @@
 -- that pgmb.sql.PLPYTHON names, in its order.
 -- Written by `make schema` until its release is cut, never edited after: read and
 -- change pgmb/sql/schema/, and put a released schema's changes in the next
--- release's migration (docs/decisions/0040-one-migration-per-release.md).
+-- release's migration (docs/decisions/0023-one-migration-per-release.md).
 
 -- ==== pgmb/sql/schema/plpython.sql ====
 -- The PL/Python transport of the in-database loop. Loaded only where plpython3u exists or

@@ -1,4 +1,4 @@
--- The dashboard's time series (pgmb/series.py): one statement per range.
+-- The dashboard's time series (pgmb/dashboard_series.py): one statement per range.
 
 -- name: live_minutes
 -- The last hour, minute by minute: one row per minute from the one holding now() - 1 hour

@@ -1,4 +1,4 @@
--- Session statements of the external dispatcher's connections (pgmb/dispatch/database.py).
+-- Session statements of the external dispatcher's connections (pgmb/db/reconnecting.py).
 -- Its state-machine calls are in deliveries.sql, through pgmb/deliveries.py.
 
 -- name: claims_session

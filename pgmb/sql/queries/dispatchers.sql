@@ -1,4 +1,4 @@
--- Dispatchers' registrations as pgmb/dispatchers.py calls them (the functions of
+-- Dispatchers' registrations as pgmb/dispatcher_registry.py calls them (the functions of
 -- schema/dispatchers.sql).
 
 -- name: start

@@ -1,6 +1,6 @@
 -- Hourly statistics (pgmb_statistics, its checks in schema/tables.sql): what the Spark
 -- pipeline's stats job reads and writes (pgmb/pipeline/stats.py, with psycopg on the driver
--- and Spark's JDBC source), and what pgmb/statistics.py reads for the dashboard.
+-- and Spark's JDBC source), and what pgmb/hourly_stats.py reads for the dashboard.
 
 -- name: attempts
 -- The attempt history as the stats job reads it through JDBC, wrapped as a subquery

@@ -1,6 +1,6 @@
 -- The in-database dispatch path: pgmb.dispatch_loop claims, posts through the http
 -- extension or the PL/Python transport (plpython.sql), signs requests like
--- pgmb/dispatch/request.py, records outcomes in batches, and is scheduled by pg_cron where
+-- pgmb/worker_request.py, records outcomes in batches, and is scheduled by pg_cron where
 -- it is installed (pgmb.cron_install). Each part is optional: `manage.py check` says what
 -- this database lacks.
 
@@ -541,7 +541,7 @@ BEGIN
     END IF;
 END $$;
 
--- The headers of each request of a run, as pgmb/dispatch/request.py builds them: the
+-- The headers of each request of a run, as pgmb/worker_request.py builds them: the
 -- message's own headers (printable ASCII values of valid names, none reserved: the
 -- names the transports set themselves, User-Agent included, are dropped whatever their case),
 -- pgmb's, and a Standard Webhooks signature when the worker has a secret. The header rule's

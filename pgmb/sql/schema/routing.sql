@@ -118,7 +118,7 @@ BEGIN
     RETURN seconds;
 END $$;
 
--- What breaks the secret rule (pgmb/dispatch/request.py says it in words), or NULL when the
+-- What breaks the secret rule (pgmb/worker_request.py says it in words), or NULL when the
 -- secret is usable: empty (unsigned); 'whsec_' then standard base64 with at most two '='
 -- whose data part has a length that is not 4n+1 and decodes to at least one byte; or any
 -- other text without control characters (a raw secret). Never quotes the secret.

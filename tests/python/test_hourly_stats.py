@@ -1,4 +1,4 @@
-"""pgmb.statistics: the hourly rows as the dashboard reads them, one statement a call."""
+"""pgmb.hourly_stats: the hourly rows as the dashboard reads them, one statement a call."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import datetime
 
 import pytest
 
-from pgmb import statistics
+from pgmb import hourly_stats
+from pgmb.hourly_stats import ErrorCount, HourRow
 from pgmb.models import HourlyStatistics
-from pgmb.statistics import ErrorCount, HourRow
 
 UTC = datetime.timezone.utc
 T = datetime.datetime(2024, 5, 1, 10, tzinfo=UTC)
@@ -51,7 +51,7 @@ def delivered(rows):
 
 def test_totals_by_default(hours, django_assert_num_queries):
     with django_assert_num_queries(1):
-        rows = statistics.hourly(T, T + 3 * HOUR)
+        rows = hourly_stats.hourly(T, T + 3 * HOUR)
     assert delivered(rows) == [(T, "", "", 30), (T + HOUR, "", "", 31), (T + 2 * HOUR, "", "", 32)]
     assert rows[0] == HourRow(
         hour=T,
@@ -72,29 +72,31 @@ def test_totals_by_default(hours, django_assert_num_queries):
 
 
 def test_a_worker_a_queue_and_both(hours):
-    assert delivered(statistics.hourly(T, T + 2 * HOUR, worker="beta")) == [
+    assert delivered(hourly_stats.hourly(T, T + 2 * HOUR, worker="beta")) == [
         (T, "", "beta", 20),
         (T + HOUR, "", "beta", 21),
     ]
-    assert delivered(statistics.hourly(T, T + HOUR, queue="orders")) == [(T, "orders", "alpha", 10)]
-    assert statistics.hourly(T, T + HOUR, queue="orders", worker="beta") == []
-    assert delivered(statistics.hourly(T, T + HOUR, queue="mail", worker="beta")) == [
+    assert delivered(hourly_stats.hourly(T, T + HOUR, queue="orders")) == [
+        (T, "orders", "alpha", 10)
+    ]
+    assert hourly_stats.hourly(T, T + HOUR, queue="orders", worker="beta") == []
+    assert delivered(hourly_stats.hourly(T, T + HOUR, queue="mail", worker="beta")) == [
         (T, "mail", "beta", 20)
     ]
-    assert statistics.hourly(T, T + HOUR, queue="nope") == []
+    assert hourly_stats.hourly(T, T + HOUR, queue="nope") == []
 
 
 def test_hours_that_overlap_the_range(hours):
     # 10:30 to 11:30 overlaps the hours of 10:00 and 11:00, not 12:00.
-    rows = statistics.hourly(T + HOUR / 2, T + HOUR + HOUR / 2)
+    rows = hourly_stats.hourly(T + HOUR / 2, T + HOUR + HOUR / 2)
     assert [r.hour for r in rows] == [T, T + HOUR]
-    assert statistics.hourly(T + 3 * HOUR, T + 4 * HOUR) == []
+    assert hourly_stats.hourly(T + 3 * HOUR, T + 4 * HOUR) == []
 
 
 def test_latest(db, hours):
-    assert statistics.latest() == T + 2 * HOUR
+    assert hourly_stats.latest() == T + 2 * HOUR
     HourlyStatistics.objects.all().delete()
-    assert statistics.latest() is None
+    assert hourly_stats.latest() is None
 
 
 @pytest.mark.parametrize(

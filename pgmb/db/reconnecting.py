@@ -1,5 +1,5 @@
-"""The dispatcher's database connections: autocommit, re-established with backoff
-(:mod:`.backoff`: at most half a second between attempts).
+"""Async database connections that survive outages: autocommit, re-established with
+backoff (:mod:`.backoff`: at most half a second between attempts).
 
 A lost connection never loses a message: deliveries are rows, and a lease that runs out
 while the dispatcher cannot reach the database makes its deliveries claimable again.
@@ -11,13 +11,16 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.errors import Diagnostic
 
-from .. import breakers, sql
-from ..deliveries import Call, arun
+from .. import sql
 from .backoff import Backoff
+from .error_text import first_line
+from .statements import Call, arun
 
 T = TypeVar("T")
 
@@ -26,27 +29,6 @@ log = logging.getLogger("pgmb.dispatch")
 #: Seconds between two "still unavailable" warnings of one outage (every attempt would
 #: be two lines a second).
 WARN_EVERY = 30.0
-
-
-#: Seconds a connection attempt may take unless the settings say otherwise: an unreachable
-#: host must not stall the dispatcher for the system's TCP timeout (minutes).
-CONNECT_TIMEOUT = 10
-
-
-def conninfo_from_django(alias: str) -> dict[str, Any]:
-    """psycopg connection arguments of a Django database alias."""
-    from django.db import connections
-
-    params = dict(connections[alias].get_connection_params())
-    for django_only in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(django_only, None)
-    params.setdefault("connect_timeout", CONNECT_TIMEOUT)
-    return params
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Unavailable(Exception):
@@ -66,9 +48,12 @@ class Database:
         role: str,
         setup: str | None = None,
         interrupt: asyncio.Event | None = None,
+        notices: Callable[[Diagnostic], None] | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._role = role
+        #: Handed each NOTICE or WARNING the server raises on this connection.
+        self._notices = notices
         #: Once set, a call that cannot reach the database gives up at once (a stop request
         #: must not wait for a database that may never come back).
         self._interrupt = interrupt
@@ -88,9 +73,8 @@ class Database:
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed:
             conn = await psycopg.AsyncConnection.connect(**self._conninfo, autocommit=True)
-            # Circuit breakers announce their transitions on the connection that made them
-            # (a claim, an outcome): logged as they come, no query of their own.
-            conn.add_notice_handler(breakers.log_notice)
+            if self._notices is not None:
+                conn.add_notice_handler(self._notices)
             if self._setup:
                 try:
                     await conn.execute(sql.query("dispatcher.sql", self._setup))
@@ -129,7 +113,7 @@ class Database:
                     )
                 ):
                     raise Unavailable(
-                        f"unreachable for {now - self._down_since:.0f}s: {_first_line(exc)}"
+                        f"unreachable for {now - self._down_since:.0f}s: {first_line(exc)}"
                     ) from exc
                 if first or now - self._warned_at >= WARN_EVERY:
                     self._warned_at = now
@@ -138,7 +122,7 @@ class Database:
                         self._role,
                         now - self._down_since,
                         self._backoff.cap,
-                        _first_line(exc),
+                        first_line(exc),
                     )
                 if self._interrupt is None:
                     await asyncio.sleep(delay)
@@ -191,7 +175,7 @@ async def listen(conninfo: dict[str, Any], wake: asyncio.Event) -> None:
                 log.warning(
                     "listener disconnected for=%.0fs error=%r",
                     now - (down_since or now),
-                    _first_line(exc),
+                    first_line(exc),
                 )
             if down_since is None:
                 down_since = now

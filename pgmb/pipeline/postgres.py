@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .errors import PipelineError
+from ..errors import PipelineError
 
 #: Seconds the driver waits for the database before it gives up with a clear error.
 CONNECT_TIMEOUT = 10

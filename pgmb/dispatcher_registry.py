@@ -4,9 +4,10 @@ when it stops.
 Every call is one SQL function of schema ``pgmb`` (``pgmb.dispatcher_start``, ``_beat``,
 ``_stop``; the view ``pgmb.dispatchers``), with its statement in
 ``pgmb/sql/queries/dispatchers.sql``, run like the state machine's calls
-(:mod:`pgmb.deliveries`): synchronously on a Django connection, or asynchronously on a
-psycopg one. A dispatcher is *running*, *gone* (no heartbeat for :data:`GONE_AFTER`
-seconds: killed, or cut off from the database) or *stopped* (it said so).
+(:mod:`pgmb.deliveries`): on a Django connection here, or as
+:class:`~pgmb.db.statements.Call` objects on a dispatcher's own connection. A dispatcher
+is *running*, *gone* (no heartbeat for :data:`GONE_AFTER` seconds: killed, or cut off
+from the database) or *stopped* (it said so).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import sql
-from .deliveries import Call, _scalar, arun, run
+from .db.statements import Call, run
+from .db.values import scalar
 
 #: Seconds without a heartbeat after which a dispatcher is shown as gone
 #: (``pgmb.dispatcher_state``); heartbeats come at most a third as far apart.
@@ -55,7 +57,7 @@ def _statement(name: str) -> str:
 
 
 def _flag(names: list[str], rows: list[tuple[Any, ...]]) -> bool:
-    return bool(_scalar(names, rows))
+    return bool(scalar(names, rows))
 
 
 def _infos(names: list[str], rows: list[tuple[Any, ...]]) -> list[DispatcherInfo]:
@@ -71,7 +73,7 @@ def start_call(kind: str, host: str, pid: int, queues: Iterable[str] | None = No
             "pid": pid,
             "queues": None if queues is None else list(queues),
         },
-        lambda names, rows: int(_scalar(names, rows)),
+        lambda names, rows: int(scalar(names, rows)),
     )
 
 
@@ -94,7 +96,7 @@ def stop_call(dispatcher_id: int, delivered: int, failed: int) -> Call[bool]:
 def idle_call(dispatcher_id: int) -> Call[bool]:
     """Mark the dispatcher waiting for a NOTIFY; True once every publisher sees the mark
     (no message insert was in flight), False if it should claim again shortly and ask
-    once more (``pgmb.dispatcher_idle``, migration 0017)."""
+    once more (``pgmb.dispatcher_idle``, the SQL in pgmb/sql/)."""
     return Call(_statement("idle"), {"id": dispatcher_id}, _flag)
 
 
@@ -142,22 +144,3 @@ def dispatchers(
 ) -> list[DispatcherInfo]:
     """Every registered dispatcher, newest first, with its state as seen at ``at`` (now)."""
     return run(list_call(at), using)
-
-
-# The asynchronous API (a psycopg AsyncConnection).
-
-
-async def astart(
-    conn: Any, kind: str, host: str, pid: int, queues: Iterable[str] | None = None
-) -> int:
-    return await arun(conn, start_call(kind, host, pid, queues))
-
-
-async def abeat(
-    conn: Any, dispatcher_id: int, in_flight: int = 0, delivered: int = 0, failed: int = 0
-) -> bool:
-    return await arun(conn, beat_call(dispatcher_id, in_flight, delivered, failed))
-
-
-async def astop(conn: Any, dispatcher_id: int, delivered: int = 0, failed: int = 0) -> bool:
-    return await arun(conn, stop_call(dispatcher_id, delivered, failed))

@@ -8,15 +8,15 @@ import json
 import subprocess
 import sys
 
-from pgmb.dispatch.heap import YOUNG_THRESHOLD
+from pgmb.dispatch.gc_tuning import YOUNG_THRESHOLD
 from tests.dispatch.test_databases import _command
 
 PROBE = """
 import gc, json, weakref
-from pgmb.dispatch import heap
+from pgmb.dispatch import gc_tuning
 
 before = gc.get_threshold()
-heap.settle()
+gc_tuning.settle()
 settled = {"threshold": gc.get_threshold(), "before": before, "frozen": gc.get_freeze_count()}
 
 class Node:
@@ -25,7 +25,7 @@ class Node:
 # Garbage that only the collector can free (each node is in a cycle), well past the young
 # threshold: it must go without an explicit gc.collect().
 watched = []
-for _ in range(5 * heap.YOUNG_THRESHOLD):
+for _ in range(5 * gc_tuning.YOUNG_THRESHOLD):
     node = Node()
     node.self = node
     if len(watched) < 100:

@@ -1,11 +1,11 @@
 """Hourly delivery statistics, as the Spark pipeline's ``stats`` job left them in
 ``pgmb_statistics`` (:class:`pgmb.models.HourlyStatistics`), for charts of long ranges::
 
-    from pgmb import statistics
-    totals = statistics.hourly(since, until)                     # every queue, per hour
-    alpha = statistics.hourly(since, until, worker="alpha")      # one worker's queues
-    orders = statistics.hourly(since, until, queue="orders")     # one queue
-    statistics.latest()                                          # the newest hour there is
+    from pgmb import hourly_stats
+    totals = hourly_stats.hourly(since, until)                     # every queue, per hour
+    alpha = hourly_stats.hourly(since, until, worker="alpha")      # one worker's queues
+    orders = hourly_stats.hourly(since, until, queue="orders")     # one queue
+    hourly_stats.latest()                                          # the newest hour there is
 
 Hours are UTC and whole; a row covers ``[hour, hour + 1 h)``. The figures are as fresh as
 the job's last run (``manage.py pgmb_pipeline stats``, see docs/pipeline.md): the live
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import sql
-from .deliveries import Call, _jsonb, _scalar, run
+from .db.statements import Call, run
+from .db.values import jsonb, scalar
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ def _statement(name: str) -> str:
 
 
 def _errors(value: Any) -> tuple[ErrorCount, ...]:
-    items = _jsonb(value)
+    items = jsonb(value)
     return tuple(ErrorCount(status=e.get("status"), count=int(e["count"])) for e in items or ())
 
 
@@ -112,5 +113,5 @@ def hourly(
 
 def latest(*, using: str | None = None) -> datetime.datetime | None:
     """The newest hour the statistics cover; None before the job's first run."""
-    found: datetime.datetime | None = run(Call(_statement("latest"), {}, _scalar), using)
+    found: datetime.datetime | None = run(Call(_statement("latest"), {}, scalar), using)
     return found

@@ -1,7 +1,7 @@
 """The waits between reconnection attempts stay between the first wait and the cap, so a
 dispatcher is back at most one cap after the database accepts connections again."""
 
-from pgmb.dispatch.backoff import CAP, FIRST, Backoff
+from pgmb.db.backoff import CAP, FIRST, Backoff
 
 
 def test_waits_stay_within_first_and_cap_and_grow_towards_the_cap():

@@ -13,7 +13,7 @@ the figure of the queue and worker lists; its latency is the requests' ``duratio
 it also has the queue depth at each minute's end and the messages that no queue took.
 
 The longer ranges (:data:`DAY`, :data:`WEEK`) are hour by hour, from the hourly statistics
-that the Spark pipeline's ``stats`` job computes (:mod:`pgmb.statistics`): as fresh as its
+that the Spark pipeline's ``stats`` job computes (:mod:`pgmb.hourly_stats`): as fresh as its
 last run; their latency runs from publishing to the ack, and they have no depth and no
 unrouted count (None). :func:`series` is the one way in, whatever the range.
 """
@@ -24,8 +24,8 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from . import sql, statistics
-from .deliveries import Call, run
+from . import hourly_stats, sql
+from .db.statements import Call, run
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ def series_call(
     moment = now or datetime.datetime.now(datetime.timezone.utc)
     until = moment.replace(minute=0, second=0, microsecond=0) + HOUR
     since = until - range.span
-    call = statistics.hourly_call(since, until, queue, worker)
+    call = hourly_stats.hourly_call(since, until, queue, worker)
 
     def points(names: list[str], rows: list[tuple[Any, ...]]) -> list[Point]:
         found: dict[datetime.datetime, Point] = {}

@@ -468,7 +468,7 @@ def throughput(
                 "pgmb_dispatch, end to end (COMMIT to last ack)", "running", "rate", "raw", 0.75
             ),
             # The same dispatcher's next burst, published while it vacuums the drained table
-            # (docs/decisions.md, "Plans that hold as pgmb_delivery empties and fills").
+            # (pgmb/sql/schema/deliveries.sql, the claim's comment).
             harness.Row("pgmb_dispatch, end to end, next burst", "running", "rate_next", "raw"),
             # A process's start-up (Python, Django, connections: about 0.5 s) is paid once per
             # process, not per message; over 20,000 messages it alone keeps this under 0.75.
@@ -499,7 +499,7 @@ def in_database(args: argparse.Namespace, url: str, queue_id: str, load: harness
         results,
         (
             harness.Row("PL/Python POST alone (one backend)", "transport"),
-            # The loop's own way of posting (windows of 8, migration 0033), without a database.
+            # The loop's own way of posting (windows of 8, pgmb/sql/schema/plpython.sql), without a database.
             harness.Row("PL/Python runs alone (windows)", "windows", "rate", "transport"),
             harness.Row(
                 "pgmb.dispatch_loop (claim, POST, ack, COMMIT)", "indb", baseline="transport"

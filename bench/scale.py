@@ -146,8 +146,8 @@ def extra_bindings(count: int, literal_only: bool = False) -> list[str]:
     with a literal first word).
 
     None of them shares a word at its place with ``order.*`` keys, so the routing tags
-    (migration 0027) take none of them to the regex; ``*.svc{n}.created`` shares the word
-    ``created`` at another place, which made it a candidate under 0019's literal words.
+    (pgmb/sql/schema/routing.sql) take none of them to the regex; ``*.svc{n}.created``
+    shares the word ``created`` at another place, which tags by place tell apart.
     """
     kinds = ("svc{}.*.#",) if literal_only else ("svc{}.*.#", "*.svc{}.created", "#.svc{}")
     return [kinds[n % len(kinds)].format(n) for n in range(count)]

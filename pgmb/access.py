@@ -1,4 +1,4 @@
-"""Access control for database roles other than the application's (the SQL in pgmb/sql/).
+"""Access control for database roles other than the application's (pgmb/sql/schema/access.sql).
 
 Three group roles: ``pgmb_producer`` may publish with ``pgmb.send``, ``pgmb_consumer`` may
 consume the queues granted to it, ``pgmb_admin`` may do anything. The functions here run

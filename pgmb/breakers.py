@@ -1,7 +1,7 @@
 """The circuit breaker of a worker: closing it by hand, and hearing of its transitions.
 
 A worker with ``breaker_failures`` or ``breaker_rate`` set is paused by the database when
-its endpoint keeps failing, and probed before it resumes (the SQL in pgmb/sql/: the transitions
+its endpoint keeps failing, and probed before it resumes (pgmb/sql/schema/breakers.sql: the transitions
 are made by ``pgmb.breaker_settle``, ``pgmb.breaker_admit`` and ``pgmb.breaker_reset``, in
 SQL, for both dispatchers). Each transition raises one WARNING with SQLSTATE
 :data:`NOTICE_SQLSTATE` whose DETAIL is a JSON object (worker, state, reason): the server

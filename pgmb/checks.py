@@ -15,7 +15,7 @@ from . import conf, indb
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
     problems = [
-        Error(text, hint="See 'Configuration' in pgmb's README.", id="pgmb.E001")
+        Error(text, hint="See docs/configuration.md in pgmb's repository.", id="pgmb.E001")
         for text in conf.errors(getattr(settings, "PGMB", {}))
     ]
     if not apps.is_installed("pgtrigger"):

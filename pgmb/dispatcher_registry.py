@@ -96,7 +96,7 @@ def stop_call(dispatcher_id: int, delivered: int, failed: int) -> Call[bool]:
 def idle_call(dispatcher_id: int) -> Call[bool]:
     """Mark the dispatcher waiting for a NOTIFY; True once every publisher sees the mark
     (no message insert was in flight), False if it should claim again shortly and ask
-    once more (``pgmb.dispatcher_idle``, the SQL in pgmb/sql/)."""
+    once more (``pgmb.dispatcher_idle`` in pgmb/sql/schema/dispatchers.sql)."""
     return Call(_statement("idle"), {"id": dispatcher_id}, _flag)
 
 

@@ -20,7 +20,7 @@ each time it has drained its work after claiming ``PGMB['HOUSEKEEPING_VACUUM_EVE
 deliveries, because the rows and index entries of finished deliveries, until a vacuum
 removes them, are walked past by every claim: with autovacuum alone (once a minute at
 most, by default), back-to-back drains slowed to a quarter of their speed
-(docs/decisions.md, "The dispatcher vacuums the hot table").
+(docs/decisions/0009-a-small-hot-table-kept-small.md).
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ DEFAULT_BREAKER_COOLDOWN_MAX = 600.0
 #: The longest breaker window and cool-down (a day).
 MAX_BREAKER_SECONDS = 86400
 MAX_BREAKER_COUNT = 1_000_000
-#: The breaker's state, written only by the SQL functions (the SQL in pgmb/sql/).
+#: The breaker's state, written only by the SQL functions (pgmb/sql/schema/breakers.sql).
 BREAKER_STATE_FIELDS = frozenset(
     {
         "breaker_state",
@@ -194,7 +194,7 @@ class Worker(models.Model):
     tokens_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     # The circuit breaker's settings (off unless breaker_failures or breaker_rate is set),
-    # checked here and by pgmb.check_breaker (the SQL in pgmb/sql/).
+    # checked here and by pgmb.check_breaker (pgmb/sql/schema/breakers.sql).
     breaker_failures = models.PositiveIntegerField(
         _("open after failures in a row"),
         null=True,
@@ -239,7 +239,7 @@ class Worker(models.Model):
         validators=_BREAKER_SECONDS,
         help_text=_("Each failed probe doubles the cool-down, up to this."),
     )
-    # The breaker's state, kept only by the SQL functions (the SQL in pgmb/sql/).
+    # The breaker's state, kept only by the SQL functions (pgmb/sql/schema/breakers.sql).
     breaker_state = models.CharField(
         _("breaker"),
         max_length=9,
@@ -471,8 +471,7 @@ class Message(models.Model):
         ordering = ["-created_at"]
         indexes = [
             # The admin's list, newest first, and its search by routing-key prefix; the
-            # dashboard's last hour (created by the SQL in pgmb/sql/, see
-            # docs/decisions.md, "Lists that stay fast").
+            # dashboard's last hour (docs/decisions/0017-admin-lists-read-through-indexes.md).
             models.Index(fields=["created_at", "id"], name="pgmb_message_created"),
             models.Index(
                 fields=["routing_key"],
@@ -496,7 +495,7 @@ class Message(models.Model):
                 "admit_message",
                 when=pgtrigger.Before,
                 operation=pgtrigger.Insert,
-                # Every option column: the option rules run here (the SQL in pgmb/sql/).
+                # Every option column: the option rules run here (pgmb/sql/schema/publish.sql).
                 condition=pgtrigger.Condition(
                     "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
                     " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
@@ -562,7 +561,7 @@ class Delivery(models.Model):
     #: only while leased (each claim clears it).
     started = models.BooleanField(default=False, db_default=False, editable=False)
     #: Leases of this delivery that expired before their request was marked started, and
-    #: were not counted: at most 2, later ones count (docs/decisions.md).
+    #: were not counted: at most 2, later ones count (pgmb/sql/schema/deliveries.sql).
     unsent_leases = models.SmallIntegerField(default=0, db_default=0, editable=False)
     # The message's options that claims and waiting need, copied by the routing trigger.
     priority = models.SmallIntegerField(default=0, db_default=0, editable=False)
@@ -582,7 +581,7 @@ class Delivery(models.Model):
         # Claims scan only ready rows; leased rows come back through pgmb.reclaim_expired().
         indexes = [
             # `id` breaks ties in FIFO order: one INSERT gives all its rows the same time.
-            # What pgmb.metrics_all() counts rides along (the SQL in pgmb/sql/): a queue's
+            # What pgmb.metrics_all() counts rides along (pgmb/sql/schema/metrics.sql): a queue's
             # figures are an index-only scan of its entries.
             models.Index(
                 fields=["queue", "priority", "available_at", "id"],
@@ -596,7 +595,7 @@ class Delivery(models.Model):
                 condition=models.Q(state="leased"),
             ),
         ]
-        # Waiting (the SQL in pgmb/sql/): a group's or a message's settlement releases the
+        # Waiting (pgmb/sql/schema/publish.sql): a group's or a message's settlement releases the
         # deliveries behind it. Rows without a group or dependents never fire these.
         triggers = [
             _trigger(
@@ -649,10 +648,10 @@ class DeadLetter(models.Model):
                 fields=["message", "queue"], name="pgmb_dead_letter_message_queue"
             )
         ]
-        # The admin's list, newest first (created by the SQL in pgmb/sql/).
+        # The admin's list, newest first.
         indexes = [models.Index(fields=["created_at", "id"], name="pgmb_dead_letter_created")]
         # A dead letter of a dependency holds its dependents until requeued and settled, or
-        # purged (the SQL in pgmb/sql/).
+        # purged (pgmb/sql/schema/publish.sql).
         triggers = [
             _trigger("release_after_dead_letter", when=pgtrigger.After, operation=pgtrigger.Delete)
         ]
@@ -702,7 +701,7 @@ class Attempt(models.Model):
             models.Index(fields=["message", "queue"], name="pgmb_attempt_message_queue"),
             models.Index(fields=["created_at"], name="pgmb_attempt_created"),
             # Acknowledged attempts per queue: pgmb.metrics' total_messages and a worker's
-            # last success (created by the SQL in pgmb/sql/, see docs/decisions.md).
+            # last success.
             models.Index(
                 fields=["queue", "created_at"],
                 name="pgmb_attempt_acked",
@@ -710,7 +709,7 @@ class Attempt(models.Model):
             ),
             # Its counterpart: with it every attempt is in one of the two by queue (the
             # admin's queue and worker filters), and failures alone are a small index that
-            # the status filter reads (the SQL in pgmb/sql/ adds joint statistics of
+            # the status filter reads (pgmb/sql/schema/tables.sql adds joint statistics of
             # outcome and status_code).
             models.Index(
                 fields=["queue", "created_at", "status_code"],
@@ -877,7 +876,7 @@ class ArchiveRun(models.Model):
         verbose_name = _("archive run")
         ordering = ["-id"]
         # OR-ed equalities rather than IN: a dump of IN (…) on varchar reloads with other
-        # casts, and schema.sql must match the migrations (tests/migrations).
+        # casts, and the catalog must match the migrations' (tests/migrations/test_schema.py).
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(state="claiming")
@@ -965,7 +964,7 @@ class TaskResult(models.Model):
         db_table = "pgmb_task_result"
         verbose_name = _("task result")
         ordering = ["-enqueued_at"]
-        # OR-ed equalities rather than IN, as for pgmb_archive_run_state (schema.sql).
+        # OR-ed equalities rather than IN, as for pgmb_archive_run_state.
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(status="READY")

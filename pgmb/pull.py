@@ -3,7 +3,7 @@
 A pull queue is a :class:`~pgmb.models.Queue` whose ``worker`` is None. Its messages are
 read with a visibility timeout, then deleted (acknowledged), archived, failed (``nack``)
 or left to become visible again. Each function here runs one function of schema ``pgmb``
-(the SQL in pgmb/sql/) from ``pgmb/sql/queries/pull.sql``, so SQL clients and Python get the
+(pgmb/sql/schema/pull.sql) from ``pgmb/sql/queries/pull.sql``, so SQL clients and Python get the
 same semantics and the same errors::
 
     from pgmb import pull

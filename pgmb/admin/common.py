@@ -41,7 +41,7 @@ else:
 
 #: How many of the newest messages a question that only per-message probes can answer
 #: looks among: the routing-key search of the delivery, dead-letter and attempt lists, and
-#: the message list's "routed: No" (docs/decisions.md, "Lists that stay fast").
+#: the message list's "routed: No" (docs/decisions/0017-admin-lists-read-through-indexes.md).
 MESSAGE_WINDOW = 10_000
 
 #: Up to how many messages with a routing-key prefix are read through the key's index to

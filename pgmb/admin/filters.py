@@ -4,7 +4,7 @@ Django's stock filters would do for the small tables, but two of them cost a who
 a big one: ``AllValuesFieldListFilter`` (a ``SELECT DISTINCT`` of the column on every page
 view, for its choices) and ``date_hierarchy`` (the same for the dates). The filters here
 have fixed choices, or take them from the small queue and worker tables, and say how their
-rows can be found: see docs/decisions.md, "Lists that stay fast".
+rows can be found: see docs/decisions/0017-admin-lists-read-through-indexes.md.
 
 A queue's rows of the hot tables are indexed only in parts (partial indexes: a delivery's
 ready rows, an attempt's acknowledged and failed ones): :attr:`QueueFilter.parts` names

@@ -6,7 +6,7 @@ the page's rows: the admin shows the numbers Prometheus scrapes, not a second co
 of them. :class:`MetricsColumnsMixin` loads them after the page's rows and hangs each
 row's figures on it; the display methods only read that attribute.
 
-A worker's health (docs/decisions.md, "Health in the admin lists"), first match wins:
+A worker's health (docs/decisions/0017-admin-lists-read-through-indexes.md), first match wins:
 
 * **paused**: the worker is not active;
 * **failing**: :data:`FAILING_CONSECUTIVE` or more failures since its last success, or a

@@ -293,7 +293,7 @@ class DeliveryAdmin(_ByMessageAdmin):
     list_select_related = ("queue",)
     # Oldest first, the head of the backlog: the primary key's order. By due time it would
     # need an index of every delivery by available_at, which every publish, claim and
-    # retry would pay for (docs/decisions.md, "Lists that stay fast").
+    # retry would pay for (docs/decisions/0017-admin-lists-read-through-indexes.md).
     ordering = ("id",)
     sortable_by = ("id",)
 

@@ -3,7 +3,7 @@
 Django's changelist counts its rows exactly (``COUNT(*)``) for the paginator: on a table of
 millions of messages or attempts that is a scan of the whole table on every page view.
 :class:`EstimatedCountPaginator` takes the planner's estimate instead (see
-docs/decisions.md, "Estimated counts"):
+docs/decisions/0017-admin-lists-read-through-indexes.md):
 
 * the unfiltered list: ``pg_class.reltuples`` of the model's table (kept by autovacuum and
   ANALYZE; ``-1`` for a table never analyzed, then the EXPLAIN below is used);

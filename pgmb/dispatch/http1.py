@@ -4,7 +4,7 @@ The external dispatcher's HTTP client. It needs one narrow thing: a POST whose h
 already checked (:func:`pgmb.worker_request.build_headers`), the answer's status, its
 headers and the first bytes of its body. A general client (aiohttp) costs two to three
 times the CPU a request for what it offers beyond that, and that cost would bound the
-dispatcher's throughput (docs/benchmarks.md, docs/decisions.md).
+dispatcher's throughput (docs/decisions/0011-the-dispatchers-own-http-client.md).
 
 Answers are parsed by llhttp (through ``httptools``, as uvicorn does), which reads them as
 RFC 9112 says: interim 1xx answers are skipped, no framing at all means the body ends with

@@ -37,7 +37,7 @@ class Registration:
         #: Whether the row is marked waiting (publishers NOTIFY only then; None: not said
         #: yet, and woken as if waiting), and whether the mark is settled: every publisher
         #: since sees it. A claim that comes back full clears both (pgmb.dispatcher_idle
-        #: and _busy, the SQL in pgmb/sql/).
+        #: and _busy, pgmb/sql/schema/dispatchers.sql).
         self._waiting: bool | None = None
         self.settled = False
         #: Waits while a message insert in flight keeps the mark from settling.

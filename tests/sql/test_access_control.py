@@ -1,4 +1,4 @@
-"""Access control (migration 0021): roles other than the application's publish only as
+"""Access control (pgmb/sql/schema/access.sql): roles other than the application's publish only as
 pgmb_producer's members, consume only queues granted to them, and administer only as
 pgmb_admin's members; a refusal is SQLSTATE 42501 with a message naming the role, and it
 changes nothing.
@@ -258,7 +258,7 @@ def test_entry_points_act_for_their_caller_with_a_fixed_search_path(owner):
         "pgmb.set_vt(text,bigint[],double precision)",
     ]
     configs = {r[0]: tuple(r[2]) for r in rows}
-    # pgmb.read also keeps one generic plan for the session (0027), and 0032's planner
+    # pgmb.read also keeps one generic plan for the session, and its planner
     # settings (tests/sql/test_steady_plans.py).
     assert configs.pop("pgmb.read(text,double precision,integer,jsonb)") == (
         "search_path=public, pg_temp",

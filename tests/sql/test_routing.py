@@ -70,7 +70,7 @@ TRUTH_TABLE = [
     ("a\\b", "a\\b", True),
     ("café.*", "café.crème", True),
     ("$.^", "$.^", True),
-    # The places of literal words (routing tags, migration 0027): `#` in the middle, `*`
+    # The places of literal words (routing tags, pgmb/sql/schema/routing.sql): `#` in the middle, `*`
     # before and after `#`, repeated words, a word at another place, single words, the
     # places past the four that the tags name, and the longest keys.
     ("a.#.b", "a.b", True),
@@ -205,7 +205,7 @@ def test_deliveries_are_created_in_publish_order(make_queue, sql, keys):
 
 def test_the_tags_index_keeps_no_pending_list(sql):
     """Routing searches pgmb_queue_binding_tags at every publish; a GIN pending list (only a
-    vacuum empties it) would be scanned whole each time (migration 0029)."""
+    vacuum empties it) would be scanned whole each time (pgmb/sql/schema/tables.sql)."""
     [(options,)] = sql(
         "SELECT reloptions FROM pg_class WHERE oid = 'pgmb_queue_binding_tags'::regclass"
     )
@@ -255,7 +255,7 @@ def _publish_and_compare(sql, bindings: list[str], keys: list[str]) -> set[tuple
 
 
 def test_candidate_queues_by_tags_miss_no_match(make_worker, make_queue, sql):
-    """Routing picks candidates by the bindings' tags (migration 0027) before it runs their
+    """Routing picks candidates by the bindings' tags (pgmb/sql/schema/routing.sql) before it runs their
     regexes: every shape of binding, many keys, the same answer as Python's."""
     worker = make_worker()
     shapes = ("s{n}.*.#", "*.s{n}.created", "#.s{n}", "s{n}.#.eu", "#.s{n}.#", "s{n}", "*.*.s{n}")

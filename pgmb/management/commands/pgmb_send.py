@@ -209,7 +209,7 @@ class Command(BaseCommand):
         )
         self.stderr.write(
             f"warning: {which}; stored, but no queue's binding key matches, so nothing will "
-            "deliver it (see 'Unrouted messages' in the README)"
+            "deliver it (see 'Unrouted messages' in pgmb's docs/publishing.md)"
         )
 
     def _say(self, text: str) -> None:

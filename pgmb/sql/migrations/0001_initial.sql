@@ -1332,7 +1332,7 @@ BEGIN
            array_agg(e.id) FILTER (WHERE NOT e.counted),
            array_agg(e.lease_id) FILTER (WHERE NOT e.counted)
     INTO counted_ids, counted_leases, counted_errors, unsent_ids, unsent_lease_ids
-    -- At most 2 unsent leases are forgiven (docs/decisions.md).
+    -- At most 2 unsent leases are forgiven (docs/decisions/0006-leases-and-at-least-once.md).
     FROM (SELECT d.id, d.lease_id, d.started, d.unsent_leases,
                  d.started OR d.unsent_leases >= 2 AS counted
           FROM pgmb_delivery d
@@ -1770,7 +1770,7 @@ END $$;
 -- and moves available_at to the end of the visibility timeout, so the same index scan of
 -- pgmb_delivery_due that finds new messages finds one whose timeout ran out, with no
 -- dispatcher running, and pgmb.reclaim_expired (leased rows only) never sees a read
--- (docs/decisions.md). A read that would be number 2 + max_retries dead-letters the
+-- (docs/decisions/0014-pull-queues-in-the-same-tables.md). A read that would be number 2 + max_retries dead-letters the
 -- delivery instead. Deleting is an ack ('ack' in the history), archiving records its own
 -- outcome ('archived'), nack (a failed handler) schedules a retry.
 

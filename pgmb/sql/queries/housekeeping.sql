@@ -47,6 +47,6 @@ DROP INDEX CONCURRENTLY IF EXISTS {index}
 
 -- name: vacuum
 -- Removes the rows and index entries of deliveries claimed and finished since the last
--- vacuum, which every claim's index scan otherwise walks past (docs/decisions.md, "The
+-- vacuum, which every claim's index scan otherwise walks past (docs/decisions/0009-a-small-hot-table-kept-small.md, "The
 -- dispatcher vacuums the hot table").
 VACUUM pgmb_delivery

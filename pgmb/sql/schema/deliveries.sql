@@ -322,7 +322,7 @@ BEGIN
            array_agg(e.id) FILTER (WHERE NOT e.counted),
            array_agg(e.lease_id) FILTER (WHERE NOT e.counted)
     INTO counted_ids, counted_leases, counted_errors, unsent_ids, unsent_lease_ids
-    -- At most 2 unsent leases are forgiven (docs/decisions.md).
+    -- At most 2 unsent leases are forgiven (docs/decisions/0006-leases-and-at-least-once.md).
     FROM (SELECT d.id, d.lease_id, d.started, d.unsent_leases,
                  d.started OR d.unsent_leases >= 2 AS counted
           FROM pgmb_delivery d

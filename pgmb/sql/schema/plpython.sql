@@ -3,7 +3,7 @@
 -- in-database path lacks, and `manage.py pgmb_cron install` loads this file once the
 -- language is there.
 --
--- The transport keeps up to 8 requests of a run in flight (docs/decisions.md, "Windows of
+-- The transport keeps up to 8 requests of a run in flight (docs/decisions/0010-in-database-dispatch-in-batches.md, "Windows of
 -- requests in the in-database loop"): it sends a window of requests, each on a connection of
 -- its own, then reads their answers in order, so the endpoint answers one request while the
 -- backend sends or reads another, instead of the backend waking up for every answer.
@@ -32,11 +32,8 @@ KEPT = 64
 # the request went out. RemoteDisconnected is a ConnectionResetError.
 STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
-# An older version's pool (one connection an endpoint): closed, not carried over.
-for old in (GD.pop("pgmb_connections", None) or {}).values():
-    old.close()
 # GD lives as long as the backend, and one backend runs one loop: no locking.
-pool = GD.setdefault("pgmb_connections_0033", {})
+pool = GD.setdefault("pgmb_connections_v1", {})
 
 def take(key):
     """A kept connection to key, or None. An idle connection has nothing to say: readable
@@ -183,11 +180,12 @@ def post(url, body, headers, timeout):
     """One POST: its outcome, as receive() gives it."""
     return receive(send(url, body, headers, timeout))
 
-# Versioned names: a later version of these functions stores its own, so a session that
-# crosses an upgrade never runs the code of the one before.
-GD["pgmb_post_0033"] = post
-GD["pgmb_send_0033"] = send
-GD["pgmb_receive_0033"] = receive
+# Versioned names (bump the suffix in the release whose migration changes this code): a
+# later version of these functions stores its own, so a session that crosses an upgrade
+# never runs the code of the one before.
+GD["pgmb_post_v1"] = post
+GD["pgmb_send_v1"] = send
+GD["pgmb_receive_v1"] = receive
 $py$;
 
 -- One POST through PL/Python, where the http extension is missing but plpython3u is present:
@@ -196,10 +194,10 @@ $py$;
 CREATE OR REPLACE FUNCTION pgmb.post_via_plpython(url text, body text, headers jsonb, timeout float8)
 RETURNS pgmb.http_outcome
 LANGUAGE plpython3u AS $py$
-post = GD.get("pgmb_post_0033")
+post = GD.get("pgmb_post_v1")
 if post is None:
     plpy.execute("SELECT pgmb.load_plpython_transport()")
-    post = GD["pgmb_post_0033"]
+    post = GD["pgmb_post_v1"]
 return post(url, body, headers, timeout)
 $py$;
 
@@ -231,11 +229,11 @@ import time
 # as many requests a second as 1, and 16 no more than 8 (docs/benchmarks.md).
 WINDOW = 8
 
-send = GD.get("pgmb_send_0033")
+send = GD.get("pgmb_send_v1")
 if send is None:
     plpy.execute("SELECT pgmb.load_plpython_transport()")
-    send = GD["pgmb_send_0033"]
-receive = GD["pgmb_receive_0033"]
+    send = GD["pgmb_send_v1"]
+receive = GD["pgmb_receive_v1"]
 
 # Python code never looks at the backend's interrupts: a cancel or a terminate that came
 # during a window would let the run post on. Before each next window the run reads the

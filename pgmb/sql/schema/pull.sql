@@ -6,7 +6,7 @@
 -- and moves available_at to the end of the visibility timeout, so the same index scan of
 -- pgmb_delivery_due that finds new messages finds one whose timeout ran out, with no
 -- dispatcher running, and pgmb.reclaim_expired (leased rows only) never sees a read
--- (docs/decisions.md). A read that would be number 2 + max_retries dead-letters the
+-- (docs/decisions/0014-pull-queues-in-the-same-tables.md). A read that would be number 2 + max_retries dead-letters the
 -- delivery instead. Deleting is an ack ('ack' in the history), archiving records its own
 -- outcome ('archived'), nack (a failed handler) schedules a retry.
 

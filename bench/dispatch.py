@@ -499,7 +499,8 @@ def in_database(args: argparse.Namespace, url: str, queue_id: str, load: harness
         results,
         (
             harness.Row("PL/Python POST alone (one backend)", "transport"),
-            # The loop's own way of posting (windows of 8, pgmb/sql/schema/plpython.sql), without a database.
+            # The loop's own way of posting (windows of 8, pgmb/sql/schema/plpython.sql),
+            # without a database.
             harness.Row("PL/Python runs alone (windows)", "windows", "rate", "transport"),
             harness.Row(
                 "pgmb.dispatch_loop (claim, POST, ack, COMMIT)", "indb", baseline="transport"

@@ -63,7 +63,8 @@ SINGLES = (
     Spec("plain INSERT (twin table)", "plain_send.sql", "baseline"),
     Spec("pgmq.send()", "pgmq_send.sql", "pgmq"),
     Spec("pgmb.send()", "pgmb_send.sql", "pgmb"),
-    # Without a waiting dispatcher pgmb sends no NOTIFY (docs/decisions/0008-wake-ups-only-for-waiting-dispatchers.md): the case above.
+    # Without a waiting dispatcher pgmb sends no NOTIFY (the case above; decision 0008 in
+    # docs/decisions/).
     # With one, each commit notifies and takes the cluster-wide lock: the worst case, since
     # a dispatcher that kept up with this rate would be busy, its mark cleared.
     Spec("pgmb.send(), a dispatcher waiting", "pgmb_send.sql", "pgmb", waiting=True),

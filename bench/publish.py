@@ -144,8 +144,8 @@ OPS: dict[str, Callable[[int], int]] = {
 }
 
 # (label, operation, clients, a dispatcher waiting); each case after its baseline. With no
-# dispatcher waiting pgmb sends no NOTIFY (docs/decisions/0008-wake-ups-only-for-waiting-dispatchers.md); with one, every publishing
-# transaction does (the worst case: a dispatcher that kept up would be busy instead).
+# dispatcher waiting pgmb sends no NOTIFY (decision 0008 in docs/decisions/); with one, every
+# publishing transaction does (the worst case: a dispatcher that kept up would be busy instead).
 BASELINE_1 = ("baseline: INSERT 1 row", "insert", 1, False)
 BASELINE_4 = ("baseline: INSERT 1 row", "insert", 4, False)
 BASELINE_BATCH = (f"baseline: INSERT {BATCH} rows (unnest)", "insert_batch", 1, False)

@@ -1,12 +1,12 @@
 """The circuit breaker of a worker: closing it by hand, and hearing of its transitions.
 
 A worker with ``breaker_failures`` or ``breaker_rate`` set is paused by the database when
-its endpoint keeps failing, and probed before it resumes (pgmb/sql/schema/breakers.sql: the transitions
-are made by ``pgmb.breaker_settle``, ``pgmb.breaker_admit`` and ``pgmb.breaker_reset``, in
-SQL, for both dispatchers). Each transition raises one WARNING with SQLSTATE
-:data:`NOTICE_SQLSTATE` whose DETAIL is a JSON object (worker, state, reason): the server
-log keeps it, and a psycopg connection hands it to :func:`log_notice` when that is its
-notice handler (the external dispatcher's connections)::
+its endpoint keeps failing, and probed before it resumes (pgmb/sql/schema/breakers.sql: the
+transitions are made by ``pgmb.breaker_settle``, ``pgmb.breaker_admit`` and
+``pgmb.breaker_reset``, in SQL, for both dispatchers). Each transition raises one WARNING
+with SQLSTATE :data:`NOTICE_SQLSTATE` whose DETAIL is a JSON object (worker, state, reason):
+the server log keeps it, and a psycopg connection hands it to :func:`log_notice` when that
+is its notice handler (the external dispatcher's connections)::
 
     from pgmb import breakers
     breakers.reset([worker.pk])           # close by hand; returns how many were not closed

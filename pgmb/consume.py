@@ -5,8 +5,8 @@ own (autocommit), so that it can wait for publishers' notifications: it register
 dispatcher of kind ``consumer`` (shown with the dispatchers), and when a read comes back
 empty it marks itself waiting, so that publishers notify (``pgmb.wake_dispatchers``),
 with the same no-lost-wake-up handshake as the external dispatcher
-(``pgmb.dispatcher_idle``, docs/decisions/0008-wake-ups-only-for-waiting-dispatchers.md). It also wakes when a message's visibility
-timeout or backoff runs out (``pgmb.pull_next_visible``).
+(``pgmb.dispatcher_idle``, docs/decisions/0008-wake-ups-only-for-waiting-dispatchers.md).
+It also wakes when a message's visibility timeout or backoff runs out (``pgmb.pull_next_visible``).
 
 While it holds messages (read, not yet deleted or failed), a thread of its own extends
 their visibility timeout (:class:`pgmb.held_messages.HeldMessages`), so that a handler that

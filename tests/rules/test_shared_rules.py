@@ -215,8 +215,8 @@ def test_the_key_class_is_written_out_identically():
     forbidden = routing.KEY_FORBIDDEN
     assert forbidden in function_source("pgmb.valid_key(text)")
     assert ("^" + routing.NAME_RE.pattern + "$") in function_source("pgmb.check_name(text, text)")
-    # Keys written to pgmb_message are held to the same function (pgmb/sql/queries/triggers.sql: by the
-    # routing trigger on INSERT, by check_routing_key_update on UPDATE).
+    # Keys written to pgmb_message are held to the same function (pgmb/sql/queries/triggers.sql:
+    # by the routing trigger on INSERT, by check_routing_key_update on UPDATE).
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT p.prosrc, t.tgname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
@@ -650,8 +650,8 @@ def test_the_retry_after_regex_is_written_out_identically():
 
 def test_the_routing_key_check_is_inlined():
     """The CHECK of every published message is planned as its expression, not as calls of
-    SQL functions (~13 us a row more; pgmb/sql/schema/routing.sql). A STRICT function whose body is not
-    strict, an AND for instance, is never inlined."""
+    SQL functions (~13 us a row more; pgmb/sql/schema/routing.sql). A STRICT function whose
+    body is not strict, an AND for instance, is never inlined."""
     with connection.cursor() as cursor:
         cursor.execute(
             "EXPLAIN (VERBOSE, FORMAT JSON)"

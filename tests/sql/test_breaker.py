@@ -1,5 +1,5 @@
-"""The circuit breaker of a worker, in SQL (pgmb/sql/schema/breakers.sql): what opens it, what a claim
-does while it is open, the probe, the reset, and what it costs a worker without one.
+"""The circuit breaker of a worker, in SQL (pgmb/sql/schema/breakers.sql): what opens it,
+what a claim does while it is open, the probe, the reset, and what it costs a worker without one.
 Through the typed API (pgmb.deliveries, pgmb.breakers) on the test's connection."""
 
 import json

@@ -70,8 +70,8 @@ TRUTH_TABLE = [
     ("a\\b", "a\\b", True),
     ("café.*", "café.crème", True),
     ("$.^", "$.^", True),
-    # The places of literal words (routing tags, pgmb/sql/schema/routing.sql): `#` in the middle, `*`
-    # before and after `#`, repeated words, a word at another place, single words, the
+    # The places of literal words (routing tags, pgmb/sql/schema/routing.sql): `#` in the
+    # middle, `*` before and after `#`, repeated words, a word at another place, single words, the
     # places past the four that the tags name, and the longest keys.
     ("a.#.b", "a.b", True),
     ("a.#.b", "a.x.y.b", True),
@@ -255,8 +255,8 @@ def _publish_and_compare(sql, bindings: list[str], keys: list[str]) -> set[tuple
 
 
 def test_candidate_queues_by_tags_miss_no_match(make_worker, make_queue, sql):
-    """Routing picks candidates by the bindings' tags (pgmb/sql/schema/routing.sql) before it runs their
-    regexes: every shape of binding, many keys, the same answer as Python's."""
+    """Routing picks candidates by the bindings' tags (pgmb/sql/schema/routing.sql) before it
+    runs their regexes: every shape of binding, many keys, the same answer as Python's."""
     worker = make_worker()
     shapes = ("s{n}.*.#", "*.s{n}.created", "#.s{n}", "s{n}.#.eu", "#.s{n}.#", "s{n}", "*.*.s{n}")
     bindings = [shape.format(n=n) for n in range(12) for shape in shapes]

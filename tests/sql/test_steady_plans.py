@@ -90,7 +90,8 @@ def test_claims_and_outcomes_read_their_rows_when_the_statistics_say_empty(make_
 
 @pytest.mark.django_db(transaction=True)
 def test_pull_reads_read_their_rows_when_the_statistics_say_empty():
-    # pgmb.read and pgmb.settle_reads keep their cached plans, under the planner settings of pgmb/sql/schema/pull.sql.
+    # pgmb.read and pgmb.settle_reads keep their cached plans, under the planner settings of
+    # pgmb/sql/schema/pull.sql.
     Queue.objects.create(name="steady_pull", binding_key="steady.#", worker=None)
     _send(BACKLOG)
     while got := pull.read("steady_pull", 30, 1000):

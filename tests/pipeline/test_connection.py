@@ -265,3 +265,25 @@ def test_a_failing_connection_does_not_show_the_password():
     with pytest.raises(PipelineError, match="cannot reach the database") as raised:
         database.connect()
     assert secret not in str(raised.value)
+
+
+def test_a_publish_plan_and_its_failures_hold_no_password():
+    from pgmb.pipeline.publish_rows import Plan, PublishFailed, write_partition
+
+    secret = secrets.token_hex(8)
+    dsn = f"host=127.0.0.1 port={closed_port()} dbname=x user=u password={secret}"
+    plan = Plan(dsn=dsn, batch_size=1, has_id=True)
+    assert secret not in repr(plan)
+    with pytest.raises(PublishFailed, match="a partition failed after 0 of its rows") as raised:
+        list(write_partition(iter([]), plan, progress=Counted()))
+    assert secret not in str(raised.value)
+
+
+class Counted:
+    """A stand-in for the Spark accumulator write_partition adds its progress to."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, term: int) -> None:
+        self.value += term

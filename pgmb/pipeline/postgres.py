@@ -77,9 +77,15 @@ class Database:
         return jdbc_options.jdbc_properties(self.params)
 
     def describe(self) -> str:
-        """Where the database is, for messages (no password)."""
-        p = self.params
-        where = f"{p.get('host', 'localhost')}:{p.get('port', '5432')}"
+        """Where the database is, for messages (no password): what is not in the
+        parameters is libpq's default (its ``PG*`` variables included)."""
+        defaults = {
+            o.keyword.decode(): o.val.decode()
+            for o in psycopg.pq.Conninfo.get_defaults()
+            if o.val is not None and o.keyword.decode() in ("host", "port", "user", "dbname")
+        }
+        p = {**defaults, **self.params}
+        where = f"{p.get('host') or 'localhost'}:{p.get('port') or '5432'}"
         return f"{p.get('user', '')}@{where}/{p.get('dbname', '')}"
 
     def scrub(self, text: str) -> str:

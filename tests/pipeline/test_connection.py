@@ -212,11 +212,13 @@ def closed_port() -> int:
 
 
 def test_repr_and_str_hold_no_password():
-    database = Database.from_dsn("host=db.example dbname=x user=u password=s3cret sslpassword=k3y")
+    database = Database.from_dsn(
+        "host=db.example port=6543 dbname=x user=u password=s3cret sslpassword=k3y"
+    )
     for shown in (repr(database), str(database), repr([database])):
         assert "s3cret" not in shown
         assert "k3y" not in shown
-    assert "u@db.example:5432/x" in repr(database)
+    assert "u@db.example:6543/x" in repr(database)
 
 
 def test_a_password_on_the_command_line_is_refused():
@@ -287,3 +289,12 @@ class Counted:
 
     def add(self, term: int) -> None:
         self.value += term
+
+
+def test_an_unreachable_database_from_the_pg_variables_is_named(libpq_home, monkeypatch):
+    port = closed_port()
+    for name, value in {"PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "ann"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PGDATABASE", "shop")
+    with pytest.raises(PipelineError, match=f"cannot reach the database ann@127.0.0.1:{port}/shop"):
+        Database.from_dsn(None).resolved()

@@ -99,15 +99,30 @@ def parser(prog: str = "pgmb.pipeline", *, dsn_required: bool = False) -> argpar
     return top
 
 
+def refuse_password_in_dsn(options: argparse.Namespace) -> None:
+    """A password in ``--dsn`` on a command line is readable by every local user (the
+    process list, shell history, the Spark UI's command line): refused, pointing at
+    libpq's ways of keeping it out (decision record 0037)."""
+    if options.dsn and Database.from_dsn(options.dsn).has_password:
+        raise PipelineError(
+            "--dsn carries a password, which any user of this machine can read in the "
+            "process list; set PGPASSWORD, or use a password file (~/.pgpass, PGPASSFILE) "
+            "or a service (PGSERVICE) instead (docs/pipeline.md#passwords)"
+        )
+
+
 def run(options: argparse.Namespace, out: Output = sys.stdout) -> int:
     """Run the job that ``options`` name; errors propagate as :class:`PipelineError`."""
-    database = Database.from_dsn(options.dsn)
+    given = Database.from_dsn(options.dsn)
     module = job(options.job)
     # Options that can be checked without Spark are, before its JVM takes seconds to start.
     validate = getattr(module, "validate", None)
     if validate is not None:
         validate(options)
+    database = given.resolved()
     database.check()
+    # TLS options JDBC cannot honour end the run here, before Spark starts.
+    _ = database.jdbc_properties
     spark = session(options.job, options.master, parse_conf(options.conf), options.jars)
     try:
         return module.run(spark, database, options, out)
@@ -119,6 +134,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "pgmb.pipeline") -> int:
     """Parse ``argv``, run the job, and turn a :class:`PipelineError` into one line."""
     options = parser(prog).parse_args(argv)
     try:
+        refuse_password_in_dsn(options)
         return run(options)
     except PipelineError as e:
         print(f"{prog} {options.job}: error: {e}", file=sys.stderr)

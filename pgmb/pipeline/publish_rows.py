@@ -15,7 +15,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, Protocol
 
@@ -26,7 +26,7 @@ from pgmb.durations import check_seconds, parse_delay
 from pgmb.errors import PgmbError
 from pgmb.routing import validate_routing_key
 
-from .postgres import CONNECT_TIMEOUT
+from .postgres import CONNECT_TIMEOUT, Database
 
 #: The prepared dataset's columns, in order: the message's id, routing key, body and headers
 #: (JSON texts) and delay (seconds as a number, or a text for
@@ -54,13 +54,14 @@ class Counter(Protocol):
 class Plan:
     """What every partition needs; pickled once per task.
 
-    ``dsn`` holds the password (it travels with the task, as Spark's JDBC options do).
+    ``dsn`` holds the password (it travels with the task, as Spark's JDBC options do), so
+    it is left out of ``repr``.
     ``seconds`` or ``at`` (an absolute time as ISO text) is the constant ``--delay``, used
     for rows that carry none. ``patterns`` are the queues' compiled binding keys when the
     run started: what the routing trigger matches, so that deliveries can be counted.
     """
 
-    dsn: str
+    dsn: str = field(repr=False)
     batch_size: int
     has_id: bool
     seconds: float | None = None
@@ -274,6 +275,6 @@ def write_partition(
                 seen += len(batch)
                 progress.add(len(batch))
     except psycopg.Error as e:
-        reason = " ".join(str(e).split())
+        reason = Database.from_dsn(plan.dsn).scrub(" ".join(str(e).split()))
         raise PublishFailed(f"a partition failed after {seen:,} of its rows: {reason}") from None
     yield Written(seen, inserted, deliveries, unrouted, unrouted_keys)

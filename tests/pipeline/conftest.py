@@ -25,6 +25,8 @@ from django.core.management import call_command
 
 from tests.waiting import wait_until
 
+from .tls_cluster import TLSCluster, tls_cluster
+
 #: Two cores on these machines: local[2] keeps a job's tasks from queueing behind each other.
 MASTER = "local[2]"
 #: Seconds a cluster's JVMs may take to start on a busy machine.
@@ -135,3 +137,10 @@ def spark_cluster(tmp_path_factory) -> Iterator[SparkCluster]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@pytest.fixture(scope="module")
+def tls_postgres() -> Iterator[TLSCluster]:
+    """A separate PostgreSQL cluster with TLS on (tls_cluster.py); destroyed after the module."""
+    with tls_cluster() as cluster:
+        yield cluster

@@ -50,6 +50,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, database: str | None, job_args: list[str], **_: Any) -> None:
         options = cli.parser("manage.py pgmb_pipeline").parse_args(job_args)
+        try:
+            cli.refuse_password_in_dsn(options)
+        except PipelineError as e:
+            raise CommandError(str(e), returncode=2) from None
+        # Django's password goes to the job in-process, never on a command line.
         if options.dsn is None:
             options.dsn = dsn(database or conf.get().DATABASE)
         if options.job == "archive" and options.older_than is None:

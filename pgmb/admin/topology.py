@@ -100,8 +100,8 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     metrics_name_field = "worker_name"
     list_filter = (WorkerStateFilter,)
     actions = (*pausing.WORKER_ACTIONS, *breakers.ACTIONS, worker_test.send_test_requests)
-    # The endpoint is searched by get_search_results, where its credentials cannot be.
-    search_fields = ("name",)
+    # Searched by get_search_results: names, and endpoints where no credentials are.
+    search_fields = ("name", "endpoint")
     readonly_fields = ("id", "created_at", "breaker", "breaker_since")
     #: What no URL parameter may filter on: a lookup on them (secret__startswith=...)
     #: would tell a guesser whether the guess is right, one request per character.
@@ -133,7 +133,9 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).annotate(n_queues=Count("queues"))
+        # Ordered again: a GROUP BY drops Meta.ordering, and the autocomplete's paginator
+        # (a queue's worker field) needs an order.
+        return super().get_queryset(request).annotate(n_queues=Count("queues")).order_by("name")
 
     def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None) -> _FieldsetSpec:
         fieldsets = super().get_fieldsets(request, obj)
@@ -173,16 +175,15 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
-        """Names, and endpoints without credentials: a search matching the user name or
-        password in an endpoint would be a guessing oracle too."""
-        found, duplicates = super().get_search_results(request, queryset, search_term)
-        term = search_term.strip()
-        if not term:
-            return found, duplicates
-        by_endpoint = queryset.filter(endpoint__icontains=term).exclude(
-            endpoint__regex=CREDENTIALS_IN_URL
-        )
-        return found | by_endpoint, duplicates
+        """Each word in a name, or in an endpoint without credentials: a search that looked
+        into the user name or password of an endpoint would be a guessing oracle too."""
+        found = queryset
+        for word in search_term.split():
+            found = found.filter(
+                Q(name__icontains=word)
+                | (Q(endpoint__icontains=word) & ~Q(endpoint__regex=CREDENTIALS_IN_URL))
+            )
+        return found, False
 
     @admin.display(description=_("endpoint"))
     def masked_endpoint(self, obj: Worker) -> str:

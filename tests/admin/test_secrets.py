@@ -167,6 +167,25 @@ def test_the_search_still_finds_endpoints_without_credentials(admin_client, make
     assert [">orders<" in row for row in table_rows(by_name)] == [True]
 
 
+@pytest.mark.parametrize(("right", "wrong"), [("hookpass4", "hookpass5"), ("hookuser", "hookusr")])
+def test_the_autocomplete_does_not_match_credentials(
+    client, django_user_model, signed, right, wrong
+):
+    viewer = staff(client, django_user_model, "view_worker", "view_queue")
+
+    def results(term: str) -> list[dict[str, str]]:
+        response = viewer.get(
+            "/admin/autocomplete/",
+            {"app_label": "pgmb", "model_name": "queue", "field_name": "worker", "term": term},
+        )
+        assert response.status_code == 200
+        assert_nothing_secret(response.content.decode())
+        return response.json()["results"]
+
+    assert results(right) == results(wrong) == []
+    assert results("ord") == [{"id": str(signed.pk), "text": "orders"}]
+
+
 # A user who may change workers: replaces the secret and the endpoint, never sees them.
 
 
@@ -244,19 +263,21 @@ def test_a_failing_endpoint_s_credentials_reach_no_log_error_or_page(
     # connection, with the URL in the error; a closed loopback port fails to connect.
     unencodable = make_worker("idna", f"http://hookuser:hookpass42@{'é' * 64}.example/in")
     closed = make_worker("closed", f"http://hookuser:hookpass42@127.0.0.1:{free_port()}/in")
-    make_queue("idna.#", name="idna", worker=unencodable, max_retries=0)
-    make_queue("closed.#", name="closed", worker=closed, max_retries=0)
-    pgmb.send("idna.created", {"n": 1})
-    pgmb.send("closed.created", {"n": 2})
+    # Credentials and no host: the endpoint rule takes "hookuser:hookpass42@" for a host.
+    hostless = make_worker("hostless", "http://hookuser:hookpass42@/in")
+    for worker in (unencodable, closed, hostless):
+        make_queue(f"{worker.name}.#", name=worker.name, worker=worker, max_retries=0)
+        pgmb.send(f"{worker.name}.created", {"n": 1})
 
     with caplog.at_level("INFO", logger="pgmb"):
         stats = dispatch()
 
-    assert (stats.claimed, stats.failed) == (2, 2)
+    assert (stats.claimed, stats.failed) == (3, 3)
     errors = sorted(Attempt.objects.values_list("error", flat=True))
     assert errors[0].startswith("connection failed: ")
     masked = f"http://***:***@{'é' * 64}.example/in"
     assert errors[1].startswith(f"could not send the request: invalid host name in '{masked}': ")
+    assert errors[2] == "could not send the request: no host given: 'http://***:***@/in'"
     assert sorted(DeadLetter.objects.values_list("last_error", flat=True)) == errors
     logged = caplog.text
     assert "dead-lettered" in logged and "http://***:***@" in logged

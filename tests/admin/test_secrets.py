@@ -130,6 +130,10 @@ ORACLES = [
     ("worker_changelist", "endpoint__iregex", "hookpass4", "hookpass5"),
     ("queue_changelist", "worker__secret__startswith", "whsec_c2Vj", "whsec_AAAA"),
     ("queue_changelist", "worker__endpoint__contains", "hookpass4", "hookpass5"),
+    # Through a delivery's, dead letter's or attempt's queue (Django refuses these already).
+    ("delivery_changelist", "queue__worker__secret__startswith", "whsec_c2Vj", "whsec_AAAA"),
+    ("deadletter_changelist", "queue__worker__secret__startswith", "whsec_c2Vj", "whsec_AAAA"),
+    ("attempt_changelist", "queue__worker__endpoint__contains", "hookpass4", "hookpass5"),
 ]
 
 
@@ -137,7 +141,10 @@ ORACLES = [
 def test_lookups_on_hidden_fields_are_refused(
     client, django_user_model, signed, page, lookup, right, wrong
 ):
-    viewer = staff(client, django_user_model, "view_worker", "view_queue")
+    viewer = staff(
+        client, django_user_model, "view_worker", "view_queue", "view_delivery",
+        "view_deadletter", "view_attempt",
+    )  # fmt: skip
 
     answers = [viewer.get(url(page), {lookup: guess}) for guess in (right, wrong)]
 

@@ -779,8 +779,10 @@ class Dashboard(models.Model):
         db_table = "pgmb_dashboard"  # never created
         verbose_name = _("dashboard")
         verbose_name_plural = _("Dashboard")
-        # Staff users see it; it has no rows to add, change, delete or view.
+        # No rows to add, change, delete or view; seeing the page (and /metrics) is granted
+        # by this permission, not by being staff (docs/decisions/0029-console-permission.md).
         default_permissions = ()
+        permissions = [("view_dashboard", "Can view the dashboard and the metrics")]
 
     def __str__(self) -> str:
         return str(self._meta.verbose_name)

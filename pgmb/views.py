@@ -1,8 +1,9 @@
 """The metrics endpoint (``/metrics`` of :mod:`pgmb.urls`), for Prometheus and the like.
 
-Allowed for a logged-in staff user, or for a request carrying
-``Authorization: Bearer <PGMB["METRICS_TOKEN"]>`` when that setting is not empty. Anything
-else gets 401 (no credentials, or a wrong token) or 403 (logged in, but not staff).
+Allowed for a logged-in staff user with the permission ``pgmb.view_dashboard`` (the
+dashboard's), or for a request carrying ``Authorization: Bearer <PGMB["METRICS_TOKEN"]>``
+when that setting is not empty. Anything else gets 401 (no credentials, or a wrong token) or
+403 (logged in, but not staff with that permission).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from . import conf, metrics
+
+#: The permission a logged-in user needs, the dashboard's: the same figures.
+PERMISSION = "pgmb.view_dashboard"
 
 
 def _bearer(request: HttpRequest) -> str | None:
@@ -39,7 +43,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:
             return _unauthorized("authentication required")
-        if not user.is_staff:
-            return HttpResponse("staff only\n", status=403, content_type="text/plain")
+        if not (user.is_staff and user.has_perm(PERMISSION)):
+            return HttpResponse(
+                f"staff with the permission {PERMISSION} only\n",
+                status=403,
+                content_type="text/plain",
+            )
     body = metrics.render(metrics.collect())
     return HttpResponse(body, content_type=metrics.CONTENT_TYPE)

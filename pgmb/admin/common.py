@@ -194,6 +194,12 @@ def refuse_unpermitted(
         raise PermissionDenied
 
 
+def touches_hidden_field(lookup: str, hidden: Iterable[str]) -> bool:
+    """Whether a list's URL lookup (``secret__startswith``, ``worker__secret``) filters on
+    one of the ``hidden`` fields: the admin answers those 400 (``lookup_allowed``)."""
+    return any(part in set(hidden) for part in lookup.split("__"))
+
+
 def user_id(request: HttpRequest) -> int:
     """The acting user's id, for ``LogEntry`` rows."""
     pk = request.user.pk

@@ -1,7 +1,8 @@
 """The operator's dashboard: every queue, worker and running dispatcher on one page, with
 the last hour's charts, at ``/admin/pgmb/dashboard/`` (URL name ``admin:pgmb_dashboard``).
 
-Staff only (the admin site's ``admin_view``: anyone else is sent to its login page). The
+For staff with the permission ``pgmb.view_dashboard`` (:data:`VIEW_PERMISSION`): the admin
+site's ``admin_view`` sends anyone else to its login page, staff without it get 403. The
 admin index lists models only, so the dashboard is the admin of a model without a table
 (:class:`pgmb.models.Dashboard`): the index and pgmb's app index show a "Dashboard" entry,
 and its URLs are the admin site's own, with nothing to add to a project's URLconf.
@@ -26,6 +27,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -41,6 +43,9 @@ from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Dashboard
 from . import breakers, charts, health, pausing
 from .dispatchers import state_badge
+
+#: Who sees the dashboard (and reads /metrics when logged in): staff with this permission.
+VIEW_PERMISSION = "pgmb.view_dashboard"
 
 #: Minutes between the named ticks of the time axis.
 TICK_MINUTES = 10
@@ -337,7 +342,7 @@ class DashboardAdmin(admin.ModelAdmin):
         ]
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_active and request.user.is_staff)
+        return request.user.has_perm(VIEW_PERMISSION)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -349,6 +354,8 @@ class DashboardAdmin(admin.ModelAdmin):
         return False
 
     def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         settings = conf.get()
         using = settings.DATABASE
         with transaction.atomic(using=using):

@@ -8,11 +8,13 @@ from typing import Any
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from ..endpoints import keep_credentials, mask_credentials
 from ..models import Worker
 
 
 class WorkerForm(forms.ModelForm):
-    """Worker form whose secret is write-only: it is never rendered back into the page."""
+    """Worker form whose secret is write-only: it is never rendered back into the page; and
+    whose endpoint is shown with its credentials masked (kept unless retyped)."""
 
     secret = forms.CharField(
         required=False,
@@ -47,6 +49,8 @@ class WorkerForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.initial["endpoint"] = mask_credentials(self.instance.endpoint)
         if self.instance.pk and self.instance.secret:
             self.fields["secret"].help_text = _(
                 "A secret is set. Leave blank to keep it, or type a new one to replace it. "
@@ -57,6 +61,12 @@ class WorkerForm(forms.ModelForm):
                 "Optional. When set, requests are signed the Standard Webhooks way."
             )
             del self.fields["clear_secret"]
+
+    def clean_endpoint(self) -> str:
+        endpoint: str = self.cleaned_data.get("endpoint", "")
+        if self.instance.pk:
+            return keep_credentials(endpoint, self.instance.endpoint)
+        return endpoint
 
     def clean_secret(self) -> str:
         secret = self.cleaned_data.get("secret", "")

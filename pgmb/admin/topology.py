@@ -16,10 +16,11 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .. import metrics, routing
+from ..endpoints import mask_credentials
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Queue, Worker
 from . import breakers, dead_letters, health, pausing, worker_test
-from .common import refuse_unpermitted
+from .common import refuse_unpermitted, touches_hidden_field
 from .forms import WorkerForm
 
 if TYPE_CHECKING:
@@ -70,12 +71,16 @@ class QueueStateFilter(admin.SimpleListFilter):
         return None
 
 
+#: An endpoint with a user name or password: an "@" before the end of its host part.
+CREDENTIALS_IN_URL = r"^[^:/?#]+://[^/?#]*@"
+
+
 @admin.register(Worker)
 class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     form = WorkerForm
     list_display = (
         "name",
-        "endpoint",
+        "masked_endpoint",
         "rps",
         "timeout",
         "state",
@@ -95,8 +100,12 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     metrics_name_field = "worker_name"
     list_filter = (WorkerStateFilter,)
     actions = (*pausing.WORKER_ACTIONS, *breakers.ACTIONS, worker_test.send_test_requests)
+    # Searched by get_search_results: names, and endpoints where no credentials are.
     search_fields = ("name", "endpoint")
     readonly_fields = ("id", "created_at", "breaker", "breaker_since")
+    #: What no URL parameter may filter on: a lookup on them (secret__startswith=...)
+    #: would tell a guesser whether the guess is right, one request per character.
+    hidden_fields = ("secret", "endpoint")
     fieldsets = (
         (None, {"fields": ("name", "endpoint", "rps", "burst", "timeout", "active")}),
         (_("Request signing"), {"fields": ("secret", "clear_secret")}),
@@ -124,17 +133,65 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).annotate(n_queues=Count("queues"))
+        # Ordered again: a GROUP BY drops Meta.ordering, and the autocomplete's paginator
+        # (a queue's worker field) needs an order.
+        return super().get_queryset(request).annotate(n_queues=Count("queues")).order_by("name")
 
     def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None) -> _FieldsetSpec:
         fieldsets = super().get_fieldsets(request, obj)
+        drop = set()
+        shown_as: dict[str, str] = {}
         if obj is None or not obj.secret:
             # Without a stored secret WorkerForm has no "remove the secret" box.
-            fieldsets = tuple(
-                (title, {**opts, "fields": tuple(f for f in opts["fields"] if f != "clear_secret")})
-                for title, opts in fieldsets
+            drop.add("clear_secret")
+        if obj is not None and not self.has_change_permission(request, obj):
+            # A read-only page shows every field's value: not the secret's, nor the
+            # endpoint's credentials.
+            drop.add("clear_secret")
+            shown_as = {"secret": "secret_state", "endpoint": "masked_endpoint"}
+        return tuple(
+            (
+                title,
+                {
+                    **opts,
+                    "fields": tuple(
+                        shown_as.get(f, f) if isinstance(f, str) else f
+                        for f in opts["fields"]
+                        if f not in drop
+                    ),
+                },
             )
-        return fieldsets
+            for title, opts in fieldsets
+        )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Worker | None = None) -> Any:
+        return (*super().get_readonly_fields(request, obj), "secret_state", "masked_endpoint")
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        if touches_hidden_field(lookup, self.hidden_fields):
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        """Each word in a name, or in an endpoint without credentials: a search that looked
+        into the user name or password of an endpoint would be a guessing oracle too."""
+        found = queryset
+        for word in search_term.split():
+            found = found.filter(
+                Q(name__icontains=word)
+                | (Q(endpoint__icontains=word) & ~Q(endpoint__regex=CREDENTIALS_IN_URL))
+            )
+        return found, False
+
+    @admin.display(description=_("endpoint"))
+    def masked_endpoint(self, obj: Worker) -> str:
+        return mask_credentials(obj.endpoint)
+
+    @admin.display(description=_("secret"))
+    def secret_state(self, obj: Worker) -> StrOrPromise:
+        return _("set") if obj.secret else _("not set")
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -373,6 +430,12 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return dead_letters.can_requeue(request)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        # Through the worker: the same fields as WorkerAdmin hides.
+        if touches_hidden_field(lookup, WorkerAdmin.hidden_fields):
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     @admin.action(
         permissions=["requeue"], description=_("Requeue all dead letters of the selected queues")

@@ -47,6 +47,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 
+from ..endpoints import mask_credentials
+
 #: Body bytes read past what the caller keeps, to reuse the connection; beyond, it closes.
 DRAIN_LIMIT = 1 << 20
 #: An answer's status line and headers may take this many bytes, as aiohttp allowed.
@@ -109,14 +111,14 @@ def parse_endpoint(url: str) -> _Endpoint:
     fragment dropped; a user and password in the URL become Basic credentials.
     """
     if _UNSAFE.search(url):
-        raise ValueError(f"a line break or a NUL in the URL {url!r}")
+        raise ValueError(f"a line break or a NUL in the URL {mask_credentials(url)!r}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise ValueError(f"unknown url type: {url!r}")
+        raise ValueError(f"unknown url type: {mask_credentials(url)!r}")
     host = parts.hostname
     if not host:
-        raise ValueError(f"no host given: {url!r}")
+        raise ValueError(f"no host given: {mask_credentials(url)!r}")
     tls = scheme == "https"
     default = 443 if tls else 80
     port = parts.port or default  # .port raises ValueError for a port out of range
@@ -124,7 +126,7 @@ def parse_endpoint(url: str) -> _Endpoint:
         try:
             host = host.encode("idna").decode("ascii")
         except UnicodeError as exc:
-            raise ValueError(f"invalid host name in {url!r}: {exc}") from None
+            raise ValueError(f"invalid host name in {mask_credentials(url)!r}: {exc}") from None
     authority = f"[{host}]" if ":" in host else host
     if port != default:
         authority += f":{port}"

@@ -48,6 +48,7 @@ class Migration(migrations.Migration):
                 "db_table": "pgmb_dashboard",
                 "managed": False,
                 "default_permissions": (),
+                "permissions": [("view_dashboard", "Can view the dashboard and the metrics")],
             },
         ),
         migrations.CreateModel(

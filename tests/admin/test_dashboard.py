@@ -9,7 +9,7 @@ import re
 from xml.etree import ElementTree as ET
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
@@ -103,10 +103,32 @@ def test_staff_see_the_dashboard(admin_client):
     assert "<script" not in html.split('id="content-main"', 1)[1]
 
 
-def test_a_staff_user_without_permissions_sees_it_too(client, db):
+def staff_user(*codenames: str) -> User:
     user = User.objects.create_user("operator", password="x", is_staff=True)
-    client.force_login(user)
-    assert client.get(DASHBOARD).status_code == 200
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="pgmb", codename__in=codenames)
+    )
+    assert user.user_permissions.count() == len(codenames)
+    return user
+
+
+def test_staff_with_the_permission_see_it(client, db):
+    client.force_login(staff_user("view_dashboard"))
+    response = client.get(DASHBOARD)
+    assert response.status_code == 200
+    assert '<table id="pgmb-workers"' in response.content.decode()
+
+
+@pytest.mark.parametrize("codenames", [(), ("view_worker", "view_queue", "view_message")])
+def test_staff_without_the_permission_get_403(client, db, codenames):
+    client.force_login(staff_user(*codenames))
+
+    response = client.get(DASHBOARD, {"range": "1h"})
+
+    assert response.status_code == 403
+    assert 'id="pgmb-workers"' not in response.content.decode()
+    # Nor is it offered on the index.
+    assert DASHBOARD not in client.get("/admin/").content.decode()
 
 
 @pytest.mark.parametrize("who", ["anonymous", "not staff"])

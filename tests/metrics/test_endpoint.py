@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 
 TOKEN = "s3cret-token-0123456789"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
@@ -25,8 +25,35 @@ def test_non_staff_user_gets_403(client, world):
     assert client.get("/metrics").status_code == 403
 
 
+def staff_user(*codenames: str) -> User:
+    user = User.objects.create_user("operator", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="pgmb", codename__in=codenames)
+    )
+    assert user.user_permissions.count() == len(codenames)
+    return user
+
+
+@pytest.mark.parametrize("codenames", [(), ("view_worker", "view_queue")])
+def test_staff_without_the_permission_get_403(client, world, codenames):
+    client.force_login(staff_user(*codenames))
+
+    response = client.get("/metrics")
+
+    assert response.status_code == 403
+    assert b"pgmb_queue_length" not in response.content
+
+
+def test_a_non_staff_user_with_the_permission_gets_403(client, world):
+    user = staff_user("view_dashboard")
+    user.is_staff = False
+    user.save()
+    client.force_login(user)
+    assert client.get("/metrics").status_code == 403
+
+
 def test_staff_user_reads_the_metrics(client, world):
-    client.force_login(User.objects.create_user("operator", is_staff=True))
+    client.force_login(staff_user("view_dashboard"))
     response = client.get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"] == PROMETHEUS
@@ -63,7 +90,7 @@ def test_bearer_disabled_by_default(client, world):
 
 
 def test_a_wrong_token_is_refused_even_for_staff(client, world, token):
-    client.force_login(User.objects.create_user("operator", is_staff=True))
+    client.force_login(staff_user("view_dashboard"))
     assert client.get("/metrics").status_code == 200
     assert client.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
 

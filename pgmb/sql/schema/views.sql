@@ -2,9 +2,25 @@
 -- of views, pgmb.<stem>_queue and pgmb.<stem>_dead_letter_queue, which the queue_views
 -- trigger of pgmb_queue keeps with pgmb.create_queue_views and pgmb.drop_queue_views.
 
--- The workers, with whether they sign their requests instead of their secrets.
+-- An endpoint as it may be shown: the user name and password of the URL each replaced by
+-- *** ('***:***' with a password, '***' without; the last '@' before the path ends them),
+-- the scheme in lower case; a URL without them as it is. The masking of
+-- pgmb.endpoints.mask_credentials (tests/rules/test_credentials_mask.py: one table of
+-- cases for both; docs/decisions/0028-secrets-stay-secret-in-the-admin.md).
+CREATE OR REPLACE FUNCTION pgmb.mask_credentials(url text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+SELECT CASE
+    WHEN m IS NULL THEN url
+    ELSE lower(m[1]) || CASE WHEN strpos(m[2], ':') > 0 THEN '***:***' ELSE '***' END
+         || '@' || m[3]
+END
+FROM (SELECT regexp_match(url, '^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@(.*)$') AS m) AS parsed
+$$;
+
+-- The workers, with whether they sign their requests instead of their secrets, and their
+-- endpoints' credentials masked.
 CREATE OR REPLACE VIEW pgmb.workers AS
-SELECT w.id, w.name, w.endpoint, w.rps, w.timeout, w.active, (w.secret <> '') AS signed, w.created_at
+SELECT w.id, w.name, pgmb.mask_credentials(w.endpoint) AS endpoint, w.rps, w.timeout, w.active, (w.secret <> '') AS signed, w.created_at
 FROM pgmb_worker w;
 
 -- The queues with their counts of live deliveries and dead letters; a pull queue has no

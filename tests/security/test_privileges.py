@@ -71,6 +71,24 @@ def test_only_the_reviewed_functions_are_executable_by_public(owner):
     assert found == sorted(REVIEWED_PUBLIC)
 
 
+def test_every_function_is_executable_by_its_owner_pgmb_admin_and_no_one_else(owner):
+    """Besides PUBLIC for the reviewed list: no role got EXECUTE on the side."""
+    grantees = {
+        name: sorted(set(roles) - {None})
+        for name, roles in owner.execute(
+            "SELECT p.oid::regprocedure::text, array_agg(CASE WHEN a.grantee = p.proowner "
+            "THEN 'owner' WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END) "
+            "FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a "
+            "WHERE p.pronamespace = 'pgmb'::regnamespace AND a.privilege_type = 'EXECUTE' "
+            "GROUP BY 1"
+        )
+    }
+    assert len(grantees) > 50
+    assert {
+        name: roles for name, roles in grantees.items() if roles != ["owner", "pgmb_admin"]
+    } == {}
+
+
 @pytest.mark.parametrize("call", POSTING)
 @pytest.mark.parametrize("groups", [(), ("pgmb_producer",), ("pgmb_consumer",)])
 def test_a_role_without_pgmb_admin_cannot_post_or_loop(login_role, recording_server, call, groups):

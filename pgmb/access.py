@@ -70,6 +70,26 @@ def revoke_queue_access(queue: str, role: str, *, using: str = "default") -> boo
     return bool(_call("revoke_queue_access", {"queue": queue, "role": role}, using))
 
 
+def schema_writers(*, using: str = "default") -> list[tuple[str, str]]:
+    """(schema, role) for each role besides pgmb's owner and superusers that may create in the
+    tables' schema or in ``pgmb``: while there is one, pgmb's definers refuse to run
+    (``pgmb.refuse_writable_schemas``, docs/security.md). ``PUBLIC`` stands for every role.
+    """
+    with _translated(), connections[using].cursor() as cursor:
+        cursor.execute(sql.query("access.sql", "schema_writers"))
+        return [(schema, role) for schema, role in cursor.fetchall()]
+
+
+def public_extension_functions(extension: str, *, using: str = "default") -> list[str]:
+    """The functions of ``extension`` that PUBLIC may execute (signatures), empty when it is
+    not installed: for ``http``, every role could post from the database server."""
+    with _translated(), connections[using].cursor() as cursor:
+        cursor.execute(
+            sql.query("access.sql", "public_extension_functions"), {"extension": extension}
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def queue_grants(*, using: str = "default") -> list[QueueGrant]:
     """Every queue grant, by queue then role."""
     with _translated(), connections[using].cursor() as cursor:

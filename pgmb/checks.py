@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from . import conf, indb
+from . import access, conf, indb
 
 
 @register(Tags.compatibility)
@@ -129,3 +129,80 @@ def check_in_database_dispatch(
             )
         )
     return found
+
+
+def _database_alias(databases: Any) -> str | None:
+    """The alias of pgmb's database when database checks were asked for it, else None."""
+    alias = conf.get().DATABASE
+    if (
+        not databases
+        or alias not in databases
+        or alias not in settings.DATABASES
+        or connections[alias].vendor != "postgresql"
+    ):
+        return None
+    return alias
+
+
+@register(Tags.database)
+def check_writable_schemas(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Error | Warning]:
+    """Other roles may create in the tables' schema or in pgmb: pgmb's SECURITY DEFINER
+    functions refuse to run (a planted operator would run as their owner)."""
+    alias = _database_alias(databases)
+    if alias is None:
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT to_regprocedure('pgmb.schema_writers()') IS NOT NULL")
+            if not cursor.fetchone()[0]:
+                return []  # not migrated yet: migrate reports that
+        writers = access.schema_writers(using=alias)
+    except Exception as exc:  # a check must report, not crash
+        return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
+    if not writers:
+        return []
+    revoke = " ".join(f"REVOKE CREATE ON SCHEMA {schema} FROM {role};" for schema, role in writers)
+    return [
+        Error(
+            "Roles other than pgmb's owner may create objects in "
+            + ", ".join(f"schema {schema} ({role})" for schema, role in writers)
+            + ": pgmb's SECURITY DEFINER functions refuse to run (a planted operator "
+            "would run as their owner).",
+            hint=f"As the schema's owner or a superuser, run: {revoke} "
+            "See docs/security.md in pgmb's repository.",
+            id="pgmb.E006",
+        )
+    ]
+
+
+@register(Tags.database)
+def check_http_extension(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """The http extension's functions are executable by PUBLIC as it installs them: every
+    role could post from the database server, past pgmb's own grants."""
+    alias = _database_alias(databases)
+    if alias is None:
+        return []
+    try:
+        public = access.public_extension_functions("http", using=alias)
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT current_user")
+            owner = cursor.fetchone()[0]
+    except Exception as exc:  # a check must report, not crash
+        return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
+    if not public:
+        return []
+    functions = ", ".join(public)
+    return [
+        Warning(
+            f"Every role may post from the database server with the http extension: "
+            f"{functions} are executable by PUBLIC.",
+            hint="As a superuser (or the extension's owner), run: "
+            f"REVOKE EXECUTE ON FUNCTION {functions} FROM PUBLIC; "
+            f'GRANT EXECUTE ON FUNCTION {functions} TO "{owner}", pgmb_admin;',
+            id="pgmb.W005",
+        )
+    ]

@@ -237,8 +237,10 @@ def test_entry_points_act_for_their_caller_with_a_fixed_search_path(owner):
     assert [r[0] for r in rows] == [
         "pgmb.archive(text,bigint)",
         "pgmb.archive(text,bigint[])",
+        "pgmb.create_queue_views(uuid,text)",
         "pgmb.delete(text,bigint)",
         "pgmb.delete(text,bigint[])",
+        "pgmb.drop_queue_views(text)",
         "pgmb.grant_publish_access(name)",
         "pgmb.grant_queue_access(text,name)",
         "pgmb.install_access()",
@@ -261,14 +263,14 @@ def test_entry_points_act_for_their_caller_with_a_fixed_search_path(owner):
     # pgmb.read also keeps one generic plan for the session, and its planner
     # settings (tests/sql/test_steady_plans.py).
     assert configs.pop("pgmb.read(text,double precision,integer,jsonb)") == (
-        "search_path=public, pg_temp",
+        "search_path=pg_catalog, public, pg_temp",
         "plan_cache_mode=force_generic_plan",
         "enable_seqscan=off",
         "enable_bitmapscan=off",
         "enable_sort=off",
         "jit=off",
     )
-    assert set(configs.values()) == {("search_path=public, pg_temp",)}
+    assert set(configs.values()) == {("search_path=pg_catalog, public, pg_temp",)}
 
 
 @pytest.fixture

@@ -522,6 +522,57 @@ BEGIN
     RETURN q;
 END $$;
 
+-- Who may plant objects where pgmb's definers look (access.sql): the roles other than
+-- pgmb's owner (and superusers) that may create objects in the tables' schema or in pgmb. Such a role could plant an operator or function of the exact
+-- argument types a definer's body uses (say public.=(varchar, text)), which PostgreSQL
+-- prefers to pg_catalog's coercing one wherever it sits in the search_path, and run its code
+-- as the owner (docs/decisions/0026-definers-refuse-writable-schemas.md). Written with exact
+-- types and qualified names only, because it runs inside the definers it protects.
+CREATE OR REPLACE FUNCTION pgmb.schema_writers() RETURNS TABLE (schema_name name, grantee name)
+LANGUAGE sql STABLE AS $$
+    SELECT n.nspname,
+           CASE WHEN a.grantee = 0::oid THEN 'PUBLIC'::name ELSE pg_catalog.pg_get_userbyid(a.grantee) END
+    FROM pg_catalog.pg_class t
+    JOIN pg_catalog.pg_namespace n
+      ON n.oid = ANY (ARRAY[t.relnamespace,
+                            (SELECT s.oid FROM pg_catalog.pg_namespace s WHERE s.nspname = 'pgmb'::name)])
+    CROSS JOIN LATERAL pg_catalog.aclexplode(n.nspacl) a
+    WHERE t.oid = pg_catalog.to_regclass('pgmb_message')::oid
+      AND a.privilege_type = 'CREATE'::text
+      AND a.grantee <> n.nspowner AND a.grantee <> t.relowner
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = a.grantee AND r.rolsuper)
+$$;
+
+-- Raises insufficient_privilege while pgmb.schema_writers() names anyone: the first thing
+-- every SECURITY DEFINER entry point does (itself, or through pgmb.may_publish, pgmb.may,
+-- pgmb.require or pgmb.pull_queue), before any statement a planted operator could match.
+-- Returns true otherwise.
+CREATE OR REPLACE FUNCTION pgmb.refuse_writable_schemas() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    writers text;
+    fix text;
+BEGIN
+    -- The common case, on every definer call, without building the message.
+    IF NOT EXISTS (SELECT FROM pgmb.schema_writers()) THEN
+        RETURN true;
+    END IF;
+    SELECT pg_catalog.string_agg(pg_catalog.format('%I (CREATE granted to %s)', w.schema_name,
+                                                   CASE WHEN w.grantee = 'PUBLIC'::name THEN 'PUBLIC'::text
+                                                        ELSE pg_catalog.quote_ident(w.grantee::text) END), ', '),
+           pg_catalog.string_agg(pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM %s;', w.schema_name,
+                                                   CASE WHEN w.grantee = 'PUBLIC'::name THEN 'PUBLIC'::text
+                                                        ELSE pg_catalog.quote_ident(w.grantee::text) END), ' ')
+    INTO writers, fix
+    FROM pgmb.schema_writers() w;
+    IF writers IS NOT NULL THEN
+        RAISE EXCEPTION 'pgmb refuses to act for its callers while other roles may create objects in its schemas: %', writers
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'As the schema''s owner or a superuser: ' || fix || ' (docs/security.md)';
+    END IF;
+    RETURN true;  -- the writers went away meanwhile
+END $$;
+
 -- ==== pgmb/sql/schema/views.sql ====
 -- The monitoring views of the SQL API (secrets are never shown), and each queue's own pair
 -- of views, pgmb.<stem>_queue and pgmb.<stem>_dead_letter_queue, which the queue_views
@@ -596,10 +647,13 @@ JOIN pgmb_queue q ON q.id = x.queue_id
 JOIN pgmb_message m ON m.id = x.message_id;
 
 -- Creates (or replaces) a queue's views: pgmb.<stem>_queue over pgmb.queue_entries and
--- pgmb.<stem>_dead_letter_queue over pgmb.dead_letter_entries.
+-- pgmb.<stem>_dead_letter_queue over pgmb.dead_letter_entries. Both functions run as their
+-- owner (SECURITY DEFINER, set in access.sql), who owns the views, so that whoever may
+-- create a queue (pgmb_admin) need not create in schema pgmb.
 CREATE OR REPLACE FUNCTION pgmb.create_queue_views(queue_id uuid, queue_name text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    closed boolean := pgmb.refuse_writable_schemas();  -- first (tables.sql)
     base text := pgmb.view_base(queue_name);
 BEGIN
     EXECUTE format('CREATE OR REPLACE VIEW pgmb.%I AS SELECT * FROM pgmb.queue_entries WHERE queue_id = %L',
@@ -612,6 +666,7 @@ END $$;
 CREATE OR REPLACE FUNCTION pgmb.drop_queue_views(queue_name text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    closed boolean := pgmb.refuse_writable_schemas();  -- first (tables.sql)
     base text := pgmb.view_base(queue_name);
 BEGIN
     EXECUTE format('DROP VIEW IF EXISTS pgmb.%I, pgmb.%I', base || '_queue', base || '_dead_letter_queue');
@@ -884,7 +939,7 @@ END $$;
 -- the message it duplicates.
 CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
     AS $$
 DECLARE
     stored uuid;
@@ -1010,8 +1065,8 @@ RETURNS uuid
 LANGUAGE sql
 AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id) $$;
 
--- pgmb.send acts for its caller, with the tables' schema fixed and pg_temp last (see
--- access.sql): a producer role needs pgmb_producer, no privilege on the tables.
+-- pgmb.send acts for its caller, with pg_catalog first, the tables' schema, pg_temp last
+-- (see access.sql): a producer role needs pgmb_producer, no privilege on the tables.
 DO $$
 DECLARE
     tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -1019,7 +1074,7 @@ DECLARE
     f text;
 BEGIN
     FOREACH f IN ARRAY ARRAY['pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
     END LOOP;
 END $$;
 
@@ -1796,6 +1851,8 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     worker text;
 BEGIN
+    -- Before any comparison a planted operator could match (tables.sql).
+    PERFORM pgmb.refuse_writable_schemas();
     SELECT q.id, q.max_retries, q.paused, w.name INTO id, max_retries, paused, worker
     FROM pgmb_queue q LEFT JOIN pgmb_worker w ON w.id = q.worker_id
     WHERE q.name = queue_name;
@@ -1882,6 +1939,7 @@ RETURNS SETOF pgmb.pull_message LANGUAGE plpgsql AS $$
 DECLARE
     deadline timestamptz;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();  -- first (tables.sql)
     IF max_poll_seconds IS NULL OR max_poll_seconds < 0 OR max_poll_seconds > 3600 THEN
         RAISE EXCEPTION 'invalid max_poll_seconds %: it must be from 0 to 3600', coalesce(max_poll_seconds::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -2100,6 +2158,8 @@ END $$;
 CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
 LANGUAGE plpgsql AS $$
 DECLARE
+    -- First, before any expression a planted operator could match (tables.sql).
+    closed boolean := pgmb.refuse_writable_schemas();
     q record;
     t timestamptz := clock_timestamp();
     body_filter jsonb := filter -> 'body';
@@ -2180,9 +2240,9 @@ BEGIN
 END $$;
 
 -- The entry points act for their caller (checked by pgmb.pull_queue), as pgmb.send does:
--- a consumer role needs a queue grant, no privilege on the tables. The tables' schema is
--- fixed (the schema Django created them in) and pg_temp comes last, so no temporary object
--- can stand in for one. CREATE OR REPLACE drops these settings: they are set again here.
+-- a consumer role needs a queue grant, no privilege on the tables. Their search_path is
+-- pg_catalog, the tables' schema (the schema Django created them in), pg_temp: see
+-- access.sql. CREATE OR REPLACE drops these settings: they are set again here.
 DO $$
 DECLARE
     tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -2199,7 +2259,7 @@ BEGIN
         'pgmb.nack(text, bigint[], integer[], text[])',
         'pgmb.purge(text)', 'pgmb.pull_next_visible(text)'
     ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
     END LOOP;
 END $$;
 
@@ -3092,6 +3152,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     qid uuid;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();
     IF action = 'consume' THEN
         SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
         IF qid IS NULL THEN
@@ -3127,6 +3188,7 @@ DECLARE
     missing text[] := '{}';
     r text;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();
     FOREACH r IN ARRAY ARRAY['pgmb_producer', 'pgmb_consumer', 'pgmb_admin'] LOOP
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
             missing := missing || r;
@@ -3147,6 +3209,11 @@ BEGIN
             EXECUTE r;
         END LOOP;
         EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgmb TO pgmb_admin';
+        -- Every function of pgmb's, those that post and loop included, and what the owner
+        -- makes in schema pgmb from now on (each queue's views, functions of later releases).
+        EXECUTE 'GRANT EXECUTE ON ALL ROUTINES IN SCHEMA pgmb TO pgmb_admin';
+        EXECUTE 'ALTER DEFAULT PRIVILEGES IN SCHEMA pgmb GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO pgmb_admin';
+        EXECUTE 'ALTER DEFAULT PRIVILEGES IN SCHEMA pgmb GRANT EXECUTE ON ROUTINES TO pgmb_admin';
     END IF;
     RETURN missing;
 END $$;
@@ -3229,9 +3296,13 @@ END $$;
 
 -- The caller (pgmb.caller) may publish: it may insert messages itself, or it is a member of
 -- pgmb_producer. Used from functions with a fixed search_path only (pgmb.may, pgmb.send).
+-- Refuses first while the schemas are writable (pgmb.refuse_writable_schemas): pgmb.send
+-- calls it before anything else.
 CREATE OR REPLACE FUNCTION pgmb.may_publish() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT has_table_privilege(pgmb.caller(), 'pgmb_message', 'INSERT') OR pgmb.caller_in('pgmb_producer')
+    SELECT CASE WHEN pgmb.refuse_writable_schemas()
+                THEN has_table_privilege(pgmb.caller(), 'pgmb_message', 'INSERT') OR pgmb.caller_in('pgmb_producer')
+           END
 $$;
 
 -- Whether the calling role may publish, consume the queue, or administer pgmb
@@ -3240,8 +3311,10 @@ $$;
 CREATE OR REPLACE FUNCTION pgmb.may(action text, queue_id uuid DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    who name := pgmb.caller();
+    who name;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();
+    who := pgmb.caller();
     CASE action
     WHEN 'publish' THEN
         RETURN pgmb.may_publish();
@@ -3256,8 +3329,12 @@ BEGIN
     END CASE;
 END $$;
 
--- The entry points: acting for their caller, with the tables' schema fixed (the schema
--- Django created them in) and pg_temp last so no temporary object can stand in for one.
+-- The entry points: acting for their caller. pg_catalog first, so that no object of the
+-- tables' schema can stand in for a built-in of the same argument types; then the tables'
+-- schema (the schema Django created them in, which pgmb.refuse_writable_schemas keeps
+-- closed to other roles); pg_temp last, so no temporary object can stand in for one
+-- (docs/decisions/0026-definers-refuse-writable-schemas.md). Each queue's views are made by
+-- their owner, so that a pgmb_admin member who creates a queue need not create in pgmb.
 DO $$
 DECLARE
     tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -3268,14 +3345,41 @@ BEGIN
         'pgmb.may(text, uuid)', 'pgmb.require(text, text)',
         'pgmb.grant_publish_access(name)', 'pgmb.revoke_publish_access(name)',
         'pgmb.grant_queue_access(text, name)', 'pgmb.revoke_queue_access(text, name)',
-        'pgmb.install_access()'
+        'pgmb.install_access()',
+        'pgmb.create_queue_views(uuid, text)', 'pgmb.drop_queue_views(text)'
     ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
     END LOOP;
 END $$;
 
--- Only the owner installs grants and changes memberships directly.
-REVOKE EXECUTE ON FUNCTION pgmb.install_access(), pgmb.set_membership(name, name, boolean) FROM PUBLIC;
+-- Closed by default (docs/decisions/0025-closed-by-default-functions.md): no function of
+-- pgmb's is executable by PUBLIC but the reviewed list below, the calls that check their
+-- caller themselves. A function added to any schema file is closed until it is listed here
+-- and in tests/security/test_privileges.py. The owner and pgmb_admin (pgmb.install_access)
+-- execute everything: posting, the in-database loop, the transports, the state machine.
+-- (ALTER DEFAULT PRIVILEGES IN SCHEMA cannot revoke what PUBLIC gets by default; this
+-- statement, run last by every migration that runs the schema, is what closes them.)
+REVOKE EXECUTE ON ALL ROUTINES IN SCHEMA pgmb FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    -- publishing (pgmb_producer): checks its caller
+    pgmb.send(uuid, text, jsonb),
+    pgmb.send(uuid, text, jsonb, jsonb),
+    pgmb.send(uuid, text, jsonb, jsonb, integer),
+    pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8),
+    -- pull queues (pgmb_consumer): each checks the queue grant
+    pgmb.read(text, double precision, integer, jsonb),
+    pgmb.read_with_poll(text, double precision, integer, double precision, integer, jsonb),
+    pgmb.pop(text, integer),
+    pgmb.delete(text, bigint[]), pgmb.delete(text, bigint),
+    pgmb.archive(text, bigint[]), pgmb.archive(text, bigint),
+    pgmb.set_vt(text, bigint[], double precision), pgmb.set_vt(text, bigint, double precision),
+    pgmb.nack(text, bigint[], integer[], text[]),
+    pgmb.purge(text), pgmb.pull_next_visible(text),
+    -- about the caller itself, and grants that refuse with pgmb's own message
+    pgmb.may(text, uuid), pgmb.require(text, text),
+    pgmb.grant_publish_access(name), pgmb.revoke_publish_access(name),
+    pgmb.grant_queue_access(text, name), pgmb.revoke_queue_access(text, name)
+TO PUBLIC;
 
--- The roles' privileges on the tables and views (where the roles exist).
+-- The roles' privileges on the tables, views and functions (where the roles exist).
 SELECT pgmb.install_access();

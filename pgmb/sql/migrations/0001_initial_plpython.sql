@@ -299,3 +299,24 @@ while k < total:
     k += len(window)
 return outcomes
 $py$;
+
+-- Only the owner of pgmb's functions and pgmb_admin post (access.sql): these are made by
+-- whoever loads this file (a superuser, for an untrusted language), after access.sql closed
+-- the others.
+REVOKE EXECUTE ON FUNCTION pgmb.load_plpython_transport(),
+    pgmb.post_via_plpython(text, text, jsonb, float8),
+    pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, float8, float8, float8, float8)
+FROM PUBLIC;
+DO $$
+DECLARE
+    r name;
+BEGIN
+    FOR r IN SELECT pg_get_userbyid(p.proowner) FROM pg_proc p
+             WHERE p.oid = 'pgmb.post(text, text, jsonb, float8)'::regprocedure
+             UNION SELECT rolname FROM pg_roles WHERE rolname = 'pgmb_admin' LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgmb.load_plpython_transport(), '
+                       'pgmb.post_via_plpython(text, text, jsonb, float8), '
+                       'pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, float8, float8, float8, float8) '
+                       'TO %I', r);
+    END LOOP;
+END $$;

@@ -16,3 +16,16 @@ SELECT pgmb.revoke_queue_access(queue_name => %(queue)s, role_name => %(role)s)
 SELECT q.name::text AS queue, g.role_name::text AS role, g.granted_at
 FROM pgmb.queue_grant g JOIN pgmb_queue q ON q.id = g.queue_id
 ORDER BY q.name, g.role_name
+
+-- name: schema_writers
+SELECT w.schema_name::text, w.grantee::text FROM pgmb.schema_writers() w ORDER BY 1, 2
+
+-- name: public_extension_functions
+SELECT p.oid::regprocedure::text
+FROM pg_extension e
+JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
+                AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
+JOIN pg_proc p ON p.oid = d.objid,
+     aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+WHERE e.extname = %(extension)s AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'
+ORDER BY 1

@@ -56,6 +56,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     qid uuid;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();
     IF action = 'consume' THEN
         SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
         IF qid IS NULL THEN
@@ -91,6 +92,7 @@ DECLARE
     missing text[] := '{}';
     r text;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();
     FOREACH r IN ARRAY ARRAY['pgmb_producer', 'pgmb_consumer', 'pgmb_admin'] LOOP
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
             missing := missing || r;
@@ -111,6 +113,11 @@ BEGIN
             EXECUTE r;
         END LOOP;
         EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgmb TO pgmb_admin';
+        -- Every function of pgmb's, those that post and loop included, and what the owner
+        -- makes in schema pgmb from now on (each queue's views, functions of later releases).
+        EXECUTE 'GRANT EXECUTE ON ALL ROUTINES IN SCHEMA pgmb TO pgmb_admin';
+        EXECUTE 'ALTER DEFAULT PRIVILEGES IN SCHEMA pgmb GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO pgmb_admin';
+        EXECUTE 'ALTER DEFAULT PRIVILEGES IN SCHEMA pgmb GRANT EXECUTE ON ROUTINES TO pgmb_admin';
     END IF;
     RETURN missing;
 END $$;
@@ -193,9 +200,13 @@ END $$;
 
 -- The caller (pgmb.caller) may publish: it may insert messages itself, or it is a member of
 -- pgmb_producer. Used from functions with a fixed search_path only (pgmb.may, pgmb.send).
+-- Refuses first while the schemas are writable (pgmb.refuse_writable_schemas): pgmb.send
+-- calls it before anything else.
 CREATE OR REPLACE FUNCTION pgmb.may_publish() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT has_table_privilege(pgmb.caller(), 'pgmb_message', 'INSERT') OR pgmb.caller_in('pgmb_producer')
+    SELECT CASE WHEN pgmb.refuse_writable_schemas()
+                THEN has_table_privilege(pgmb.caller(), 'pgmb_message', 'INSERT') OR pgmb.caller_in('pgmb_producer')
+           END
 $$;
 
 -- Whether the calling role may publish, consume the queue, or administer pgmb
@@ -204,8 +215,10 @@ $$;
 CREATE OR REPLACE FUNCTION pgmb.may(action text, queue_id uuid DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    who name := pgmb.caller();
+    who name;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();
+    who := pgmb.caller();
     CASE action
     WHEN 'publish' THEN
         RETURN pgmb.may_publish();
@@ -220,8 +233,12 @@ BEGIN
     END CASE;
 END $$;
 
--- The entry points: acting for their caller, with the tables' schema fixed (the schema
--- Django created them in) and pg_temp last so no temporary object can stand in for one.
+-- The entry points: acting for their caller. pg_catalog first, so that no object of the
+-- tables' schema can stand in for a built-in of the same argument types; then the tables'
+-- schema (the schema Django created them in, which pgmb.refuse_writable_schemas keeps
+-- closed to other roles); pg_temp last, so no temporary object can stand in for one
+-- (docs/decisions/0026-definers-refuse-writable-schemas.md). Each queue's views are made by
+-- their owner, so that a pgmb_admin member who creates a queue need not create in pgmb.
 DO $$
 DECLARE
     tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -232,14 +249,41 @@ BEGIN
         'pgmb.may(text, uuid)', 'pgmb.require(text, text)',
         'pgmb.grant_publish_access(name)', 'pgmb.revoke_publish_access(name)',
         'pgmb.grant_queue_access(text, name)', 'pgmb.revoke_queue_access(text, name)',
-        'pgmb.install_access()'
+        'pgmb.install_access()',
+        'pgmb.create_queue_views(uuid, text)', 'pgmb.drop_queue_views(text)'
     ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
     END LOOP;
 END $$;
 
--- Only the owner installs grants and changes memberships directly.
-REVOKE EXECUTE ON FUNCTION pgmb.install_access(), pgmb.set_membership(name, name, boolean) FROM PUBLIC;
+-- Closed by default (docs/decisions/0025-closed-by-default-functions.md): no function of
+-- pgmb's is executable by PUBLIC but the reviewed list below, the calls that check their
+-- caller themselves. A function added to any schema file is closed until it is listed here
+-- and in tests/security/test_privileges.py. The owner and pgmb_admin (pgmb.install_access)
+-- execute everything: posting, the in-database loop, the transports, the state machine.
+-- (ALTER DEFAULT PRIVILEGES IN SCHEMA cannot revoke what PUBLIC gets by default; this
+-- statement, run last by every migration that runs the schema, is what closes them.)
+REVOKE EXECUTE ON ALL ROUTINES IN SCHEMA pgmb FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    -- publishing (pgmb_producer): checks its caller
+    pgmb.send(uuid, text, jsonb),
+    pgmb.send(uuid, text, jsonb, jsonb),
+    pgmb.send(uuid, text, jsonb, jsonb, integer),
+    pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8),
+    -- pull queues (pgmb_consumer): each checks the queue grant
+    pgmb.read(text, double precision, integer, jsonb),
+    pgmb.read_with_poll(text, double precision, integer, double precision, integer, jsonb),
+    pgmb.pop(text, integer),
+    pgmb.delete(text, bigint[]), pgmb.delete(text, bigint),
+    pgmb.archive(text, bigint[]), pgmb.archive(text, bigint),
+    pgmb.set_vt(text, bigint[], double precision), pgmb.set_vt(text, bigint, double precision),
+    pgmb.nack(text, bigint[], integer[], text[]),
+    pgmb.purge(text), pgmb.pull_next_visible(text),
+    -- about the caller itself, and grants that refuse with pgmb's own message
+    pgmb.may(text, uuid), pgmb.require(text, text),
+    pgmb.grant_publish_access(name), pgmb.revoke_publish_access(name),
+    pgmb.grant_queue_access(text, name), pgmb.revoke_queue_access(text, name)
+TO PUBLIC;
 
--- The roles' privileges on the tables and views (where the roles exist).
+-- The roles' privileges on the tables, views and functions (where the roles exist).
 SELECT pgmb.install_access();

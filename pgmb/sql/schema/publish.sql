@@ -246,7 +246,7 @@ END $$;
 -- the message it duplicates.
 CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'public', 'pg_temp'
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
     AS $$
 DECLARE
     stored uuid;
@@ -372,8 +372,8 @@ RETURNS uuid
 LANGUAGE sql
 AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id) $$;
 
--- pgmb.send acts for its caller, with the tables' schema fixed and pg_temp last (see
--- access.sql): a producer role needs pgmb_producer, no privilege on the tables.
+-- pgmb.send acts for its caller, with pg_catalog first, the tables' schema, pg_temp last
+-- (see access.sql): a producer role needs pgmb_producer, no privilege on the tables.
 DO $$
 DECLARE
     tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -381,6 +381,6 @@ DECLARE
     f text;
 BEGIN
     FOREACH f IN ARRAY ARRAY['pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
     END LOOP;
 END $$;

@@ -16,6 +16,8 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     worker text;
 BEGIN
+    -- Before any comparison a planted operator could match (tables.sql).
+    PERFORM pgmb.refuse_writable_schemas();
     SELECT q.id, q.max_retries, q.paused, w.name INTO id, max_retries, paused, worker
     FROM pgmb_queue q LEFT JOIN pgmb_worker w ON w.id = q.worker_id
     WHERE q.name = queue_name;
@@ -102,6 +104,7 @@ RETURNS SETOF pgmb.pull_message LANGUAGE plpgsql AS $$
 DECLARE
     deadline timestamptz;
 BEGIN
+    PERFORM pgmb.refuse_writable_schemas();  -- first (tables.sql)
     IF max_poll_seconds IS NULL OR max_poll_seconds < 0 OR max_poll_seconds > 3600 THEN
         RAISE EXCEPTION 'invalid max_poll_seconds %: it must be from 0 to 3600', coalesce(max_poll_seconds::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -320,6 +323,8 @@ END $$;
 CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
 LANGUAGE plpgsql AS $$
 DECLARE
+    -- First, before any expression a planted operator could match (tables.sql).
+    closed boolean := pgmb.refuse_writable_schemas();
     q record;
     t timestamptz := clock_timestamp();
     body_filter jsonb := filter -> 'body';
@@ -400,9 +405,9 @@ BEGIN
 END $$;
 
 -- The entry points act for their caller (checked by pgmb.pull_queue), as pgmb.send does:
--- a consumer role needs a queue grant, no privilege on the tables. The tables' schema is
--- fixed (the schema Django created them in) and pg_temp comes last, so no temporary object
--- can stand in for one. CREATE OR REPLACE drops these settings: they are set again here.
+-- a consumer role needs a queue grant, no privilege on the tables. Their search_path is
+-- pg_catalog, the tables' schema (the schema Django created them in), pg_temp: see
+-- access.sql. CREATE OR REPLACE drops these settings: they are set again here.
 DO $$
 DECLARE
     tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -419,7 +424,7 @@ BEGIN
         'pgmb.nack(text, bigint[], integer[], text[])',
         'pgmb.purge(text)', 'pgmb.pull_next_visible(text)'
     ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, tables);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
     END LOOP;
 END $$;
 

@@ -178,3 +178,54 @@ BEGIN
     END IF;
     RETURN q;
 END $$;
+
+-- Who may plant objects where pgmb's definers look (access.sql): the roles other than
+-- pgmb's owner (and superusers) that may create objects in the tables' schema or in pgmb. Such a role could plant an operator or function of the exact
+-- argument types a definer's body uses (say public.=(varchar, text)), which PostgreSQL
+-- prefers to pg_catalog's coercing one wherever it sits in the search_path, and run its code
+-- as the owner (docs/decisions/0026-definers-refuse-writable-schemas.md). Written with exact
+-- types and qualified names only, because it runs inside the definers it protects.
+CREATE OR REPLACE FUNCTION pgmb.schema_writers() RETURNS TABLE (schema_name name, grantee name)
+LANGUAGE sql STABLE AS $$
+    SELECT n.nspname,
+           CASE WHEN a.grantee = 0::oid THEN 'PUBLIC'::name ELSE pg_catalog.pg_get_userbyid(a.grantee) END
+    FROM pg_catalog.pg_class t
+    JOIN pg_catalog.pg_namespace n
+      ON n.oid = ANY (ARRAY[t.relnamespace,
+                            (SELECT s.oid FROM pg_catalog.pg_namespace s WHERE s.nspname = 'pgmb'::name)])
+    CROSS JOIN LATERAL pg_catalog.aclexplode(n.nspacl) a
+    WHERE t.oid = pg_catalog.to_regclass('pgmb_message')::oid
+      AND a.privilege_type = 'CREATE'::text
+      AND a.grantee <> n.nspowner AND a.grantee <> t.relowner
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = a.grantee AND r.rolsuper)
+$$;
+
+-- Raises insufficient_privilege while pgmb.schema_writers() names anyone: the first thing
+-- every SECURITY DEFINER entry point does (itself, or through pgmb.may_publish, pgmb.may,
+-- pgmb.require or pgmb.pull_queue), before any statement a planted operator could match.
+-- Returns true otherwise.
+CREATE OR REPLACE FUNCTION pgmb.refuse_writable_schemas() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    writers text;
+    fix text;
+BEGIN
+    -- The common case, on every definer call, without building the message.
+    IF NOT EXISTS (SELECT FROM pgmb.schema_writers()) THEN
+        RETURN true;
+    END IF;
+    SELECT pg_catalog.string_agg(pg_catalog.format('%I (CREATE granted to %s)', w.schema_name,
+                                                   CASE WHEN w.grantee = 'PUBLIC'::name THEN 'PUBLIC'::text
+                                                        ELSE pg_catalog.quote_ident(w.grantee::text) END), ', '),
+           pg_catalog.string_agg(pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM %s;', w.schema_name,
+                                                   CASE WHEN w.grantee = 'PUBLIC'::name THEN 'PUBLIC'::text
+                                                        ELSE pg_catalog.quote_ident(w.grantee::text) END), ' ')
+    INTO writers, fix
+    FROM pgmb.schema_writers() w;
+    IF writers IS NOT NULL THEN
+        RAISE EXCEPTION 'pgmb refuses to act for its callers while other roles may create objects in its schemas: %', writers
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'As the schema''s owner or a superuser: ' || fix || ' (docs/security.md)';
+    END IF;
+    RETURN true;  -- the writers went away meanwhile
+END $$;

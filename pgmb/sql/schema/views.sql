@@ -71,10 +71,13 @@ JOIN pgmb_queue q ON q.id = x.queue_id
 JOIN pgmb_message m ON m.id = x.message_id;
 
 -- Creates (or replaces) a queue's views: pgmb.<stem>_queue over pgmb.queue_entries and
--- pgmb.<stem>_dead_letter_queue over pgmb.dead_letter_entries.
+-- pgmb.<stem>_dead_letter_queue over pgmb.dead_letter_entries. Both functions run as their
+-- owner (SECURITY DEFINER, set in access.sql), who owns the views, so that whoever may
+-- create a queue (pgmb_admin) need not create in schema pgmb.
 CREATE OR REPLACE FUNCTION pgmb.create_queue_views(queue_id uuid, queue_name text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    closed boolean := pgmb.refuse_writable_schemas();  -- first (tables.sql)
     base text := pgmb.view_base(queue_name);
 BEGIN
     EXECUTE format('CREATE OR REPLACE VIEW pgmb.%I AS SELECT * FROM pgmb.queue_entries WHERE queue_id = %L',
@@ -87,6 +90,7 @@ END $$;
 CREATE OR REPLACE FUNCTION pgmb.drop_queue_views(queue_name text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    closed boolean := pgmb.refuse_writable_schemas();  -- first (tables.sql)
     base text := pgmb.view_base(queue_name);
 BEGIN
     EXECUTE format('DROP VIEW IF EXISTS pgmb.%I, pgmb.%I', base || '_queue', base || '_dead_letter_queue');

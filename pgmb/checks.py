@@ -149,7 +149,9 @@ def check_writable_schemas(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Error | Warning]:
     """Other roles may create in the tables' schema or in pgmb: pgmb's SECURITY DEFINER
-    functions refuse to run (a planted operator would run as their owner)."""
+    functions refuse to run (a planted operator would run as their owner). A warning, not
+    an error: the Django side works without them, and migrate must go on (PostgreSQL 14
+    lets PUBLIC create in public by default)."""
     alias = _database_alias(databases)
     if alias is None:
         return []
@@ -165,14 +167,14 @@ def check_writable_schemas(
         return []
     revoke = " ".join(f"REVOKE CREATE ON SCHEMA {schema} FROM {role};" for schema, role in writers)
     return [
-        Error(
+        Warning(
             "Roles other than pgmb's owner may create objects in "
             + ", ".join(f"schema {schema} ({role})" for schema, role in writers)
             + ": pgmb's SECURITY DEFINER functions refuse to run (a planted operator "
             "would run as their owner).",
             hint=f"As the schema's owner or a superuser, run: {revoke} "
             "See docs/security.md in pgmb's repository.",
-            id="pgmb.E006",
+            id="pgmb.W006",
         )
     ]
 

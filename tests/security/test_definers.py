@@ -145,7 +145,7 @@ def test_no_definer_runs_a_planted_operator_as_its_owner(owner, login_role, grou
 
 def test_a_writable_schema_fails_the_check_and_install_access(owner, writable_public):
     [error] = checks.check_writable_schemas(databases=["default"])
-    assert error.id == "pgmb.E006"
+    assert error.id == "pgmb.W006"
     assert "schema public (PUBLIC)" in error.msg
     assert "REVOKE CREATE ON SCHEMA public FROM PUBLIC;" in error.hint
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="pgmb refuses to act"):

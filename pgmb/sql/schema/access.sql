@@ -84,15 +84,16 @@ BEGIN
     END CASE;
 END $$;
 
--- The grants that make the three roles what they are; run again by a DBA who created the
--- roles after migrating. Each is skipped while its role does not exist.
-CREATE OR REPLACE FUNCTION pgmb.install_access() RETURNS text[]
+-- The grants that make the three roles what they are, each skipped while its role does not
+-- exist; the roles' names in the order they were missing. The migration runs it even where
+-- other roles may create in pgmb's schemas (PostgreSQL 14's public, by default): the
+-- definers refuse to act there anyway, and `manage.py check` says what to revoke.
+CREATE OR REPLACE FUNCTION pgmb.apply_access() RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
     missing text[] := '{}';
     r text;
 BEGIN
-    PERFORM pgmb.refuse_writable_schemas();
     FOREACH r IN ARRAY ARRAY['pgmb_producer', 'pgmb_consumer', 'pgmb_admin'] LOOP
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
             missing := missing || r;
@@ -120,6 +121,16 @@ BEGIN
         EXECUTE 'ALTER DEFAULT PRIVILEGES IN SCHEMA pgmb GRANT EXECUTE ON ROUTINES TO pgmb_admin';
     END IF;
     RETURN missing;
+END $$;
+
+-- What a DBA runs after creating the roles (docs/access.md): pgmb.apply_access, refused
+-- while other roles may create in pgmb's schemas, where a grant would hand out functions
+-- that could be hijacked.
+CREATE OR REPLACE FUNCTION pgmb.install_access() RETURNS text[]
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgmb.refuse_writable_schemas();
+    RETURN pgmb.apply_access();
 END $$;
 
 -- Membership of a group role is changed by the function's owner: the application's role,
@@ -286,4 +297,4 @@ GRANT EXECUTE ON FUNCTION
 TO PUBLIC;
 
 -- The roles' privileges on the tables, views and functions (where the roles exist).
-SELECT pgmb.install_access();
+SELECT pgmb.apply_access();

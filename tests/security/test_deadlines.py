@@ -1,10 +1,13 @@
 """A worker's timeout is shorter than the lease of every queue it delivers for: a request
 that outlasts its lease lets the delivery be claimed and posted again while it runs."""
 
+import time
+
 import pytest
 from django.core.exceptions import ValidationError
 
 from tests.admin.conftest import form_errors, url
+from tests.security.trickle import trickling
 
 WORKER_FORM = {
     "name": "slowpoke",
@@ -51,3 +54,24 @@ def test_full_clean_refuses_it_too(make_queue):
     with pytest.raises(ValidationError) as caught:
         worker.full_clean()
     assert list(caught.value.message_dict) == ["timeout"]
+
+
+def test_the_plpython_transport_stops_at_the_deadline(sql):
+    [(present,)] = sql(
+        "SELECT to_regprocedure('pgmb.post_via_plpython(text, text, jsonb, float8)') IS NOT NULL"
+    )
+    if not present:
+        pytest.skip("plpython3u is not installed in the test database")
+    # The server sends its head one byte every 50 ms (about 13 s in all): each read is well
+    # within the 0.5 s timeout, the whole is not.
+    with trickling(0.05) as endpoint:
+        started = time.monotonic()
+        [(status, error)] = sql(
+            "SELECT (o).status, (o).error"
+            " FROM (SELECT pgmb.post_via_plpython(%s, '{}', '{}', 0.5) AS o) AS s",
+            (endpoint,),
+        )
+        took = time.monotonic() - started
+
+    assert (status, error) == (None, "timeout after 0.5s")
+    assert took < 3, took

@@ -313,3 +313,47 @@ def test_http_is_refused_under_a_restrictive_policy(sql, http_extension):
     with pytest.raises(Exception) as caught:
         sql("SELECT pgmb.post('http://127.0.0.1:9/', '{}', '{}', 1)")
     assert "the http extension cannot enforce PGMB['ENDPOINT_POLICY']" in str(caught.value)
+
+
+# --- the setting, and the database's copy of it --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ({"deny": ["10.0.0.1/8"]}, "PGMB['ENDPOINT_POLICY']['deny']: 10.0.0.1/8 has host bits set"),
+        ({"allow": "10.0.0.0/8"}, "PGMB['ENDPOINT_POLICY']['allow'] must be a list of CIDR texts"),
+        (
+            {"refuse": []},
+            "PGMB['ENDPOINT_POLICY'] takes the keys 'allow' and 'deny', not ['refuse']",
+        ),
+        (["10.0.0.0/8"], "PGMB['ENDPOINT_POLICY'] must be dict, got ['10.0.0.0/8']"),
+    ],
+)
+def test_a_bad_policy_is_a_clear_error(value, problem):
+    from pgmb import conf
+
+    assert conf.errors({"ENDPOINT_POLICY": value}) == [problem]
+
+
+def test_the_database_copy_is_written_and_checked(sql, settings):
+    from django.db import connection
+
+    from pgmb import indb
+    from pgmb.checks import check_in_database_endpoint_policy
+
+    assert check_in_database_endpoint_policy(databases=["default"]) == []
+    settings.PGMB = DENY_127_0_0_2
+    [warning] = check_in_database_endpoint_policy(databases=["default"])
+    assert warning.id == "pgmb.W040"
+    assert "pgmb_cron install" in warning.hint
+
+    with connection.cursor() as cursor:
+        indb.write_endpoint_policy(cursor)
+
+    assert check_in_database_endpoint_policy(databases=["default"]) == []
+    assert sql("SELECT allow::text[], deny::text[] FROM pgmb.endpoint_policy") == [
+        (["127.0.0.1/32"], ["127.0.0.2/32"])
+    ]
+    [(refused,)] = sql("SELECT pgmb.endpoint_refused('127.0.0.2'::inet)")
+    assert refused is True

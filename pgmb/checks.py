@@ -208,3 +208,33 @@ def check_http_extension(
             id="pgmb.W005",
         )
     ]
+
+
+@register(Tags.database)
+def check_in_database_endpoint_policy(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """The in-database path reads the endpoint policy from the database
+    (pgmb.endpoint_policy), written by migrate and ``manage.py pgmb_cron install``: a
+    PGMB["ENDPOINT_POLICY"] changed since is not enforced there until it is written again."""
+    alias = _database_alias(databases)
+    if alias is None:
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT to_regclass('pgmb.endpoint_policy') IS NOT NULL")
+            if not cursor.fetchone()[0]:
+                return []  # not migrated yet: migrate reports that
+            matches = indb.endpoint_policy_matches(cursor)
+    except Exception as exc:  # a check must report, not crash
+        return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
+    if matches:
+        return []
+    return [
+        Warning(
+            "The in-database dispatcher's endpoint policy (pgmb.endpoint_policy) is not "
+            "PGMB['ENDPOINT_POLICY'].",
+            hint="Run 'manage.py pgmb_cron install' to store the setting in the database.",
+            id="pgmb.W040",
+        )
+    ]

@@ -5,7 +5,8 @@ Use :func:`get` everywhere; never read ``settings.PGMB`` directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import ipaddress
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -19,6 +20,31 @@ from .archive_age import DEFAULT_OLDER_THAN_DAYS, days_problem
 #: pgmb.housekeeping.Thresholds (a call that passes no thresholds).
 DEFAULT_MIN_INDEX_BYTES = 1024 * 1024
 DEFAULT_BLOAT_FACTOR = 4.0
+
+#: Networks no endpoint may reach unless ENDPOINT_POLICY allows them: link-local, where a
+#: cloud's metadata service answers (169.254.169.254).
+LINK_LOCAL = ("169.254.0.0/16", "fe80::/10")
+#: The default ENDPOINT_POLICY: workers are the operator's own services (private ranges and
+#: loopback stay reachable), link-local is refused.
+DEFAULT_ENDPOINT_POLICY: dict[str, list[str]] = {"allow": [], "deny": list(LINK_LOCAL)}
+#: The documented preset for endpoints registered by untrusted users: only public addresses
+#: (loopback, link-local, private, unique-local, CGNAT and "this network" refused).
+#: ``PGMB = {"ENDPOINT_POLICY": pgmb.conf.UNTRUSTED_ENDPOINTS}``.
+UNTRUSTED_ENDPOINTS: dict[str, list[str]] = {
+    "allow": [],
+    "deny": [
+        *LINK_LOCAL,
+        "127.0.0.0/8",
+        "::1/128",
+        "0.0.0.0/8",
+        "::/128",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "fc00::/7",
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +90,11 @@ class Settings:
     #: claimed at least this many deliveries since its last vacuum (0: never; autovacuum
     #: alone).
     HOUSEKEEPING_VACUUM_EVERY: int = 1_000
+    #: The networks endpoints may and may not reach ({"allow": [...], "deny": [...]}, CIDR
+    #: texts): an address in an allowed network is reachable, else one in a denied network
+    #: is refused, else it is reachable. Checked on the address connected to, on every path
+    #: that connects (pgmb.endpoint_policy), and when a worker is saved.
+    ENDPOINT_POLICY: dict = field(default_factory=lambda: dict(DEFAULT_ENDPOINT_POLICY))
 
     @cached_property
     def json_encoder(self) -> type:
@@ -71,7 +102,12 @@ class Settings:
         return import_string(self.JSON_ENCODER)
 
 
-_ACCEPTS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float)}
+_ACCEPTS: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "dict": (dict,),
+}
 _KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(Settings)}
 _TYPES: dict[str, tuple[type, ...]] = {name: _ACCEPTS[kind] for name, kind in _KINDS.items()}
 _cache: Settings | None = None
@@ -151,11 +187,32 @@ def errors(raw: Any) -> list[str]:
             f"PGMB['METRICS_TOKEN'] must be empty (no bearer access) or at least "
             f"{METRICS_TOKEN_MIN_LENGTH} printable ASCII characters without blanks"
         )
+    if not problems and "ENDPOINT_POLICY" in raw:
+        problems.extend(endpoint_policy_problems(raw["ENDPOINT_POLICY"]))
     if not problems and raw.get("DISPATCH_HEARTBEAT_INTERVAL", 1) > MAX_HEARTBEAT_INTERVAL:
         problems.append(
             f"PGMB['DISPATCH_HEARTBEAT_INTERVAL'] must be at most {MAX_HEARTBEAT_INTERVAL:g} "
             "seconds (a dispatcher without a heartbeat for 60 s is shown as gone)"
         )
+    return problems
+
+
+def endpoint_policy_problems(policy: dict) -> list[str]:
+    """What is wrong with an ENDPOINT_POLICY value."""
+    unknown = set(policy) - {"allow", "deny"}
+    if unknown:
+        return [f"PGMB['ENDPOINT_POLICY'] takes the keys 'allow' and 'deny', not {sorted(unknown)}"]
+    problems = []
+    for key in ("allow", "deny"):
+        networks = policy.get(key, [])
+        if not isinstance(networks, (list, tuple)) or not all(isinstance(n, str) for n in networks):
+            problems.append(f"PGMB['ENDPOINT_POLICY'][{key!r}] must be a list of CIDR texts")
+            continue
+        for network in networks:
+            try:
+                ipaddress.ip_network(network)
+            except ValueError as exc:
+                problems.append(f"PGMB['ENDPOINT_POLICY'][{key!r}]: {exc}")
     return problems
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from . import sql
+from . import conf, sql
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,40 @@ def install_plpython_transport(cursor: Any, script: str | None = None) -> bool:
     return False
 
 
+def endpoint_policy_setting() -> tuple[list[str], list[str]]:
+    """PGMB["ENDPOINT_POLICY"] as the (allow, deny) lists pgmb.endpoint_policy holds."""
+    policy = conf.get().ENDPOINT_POLICY
+    return list(policy.get("allow", [])), list(policy.get("deny", []))
+
+
+def endpoint_policy_matches(cursor: Any) -> bool:
+    """Whether the database's endpoint policy is the setting's (networks compared as
+    PostgreSQL writes them: 10.0.0.0/8, not 10/8)."""
+    allow, deny = endpoint_policy_setting()
+    cursor.execute(
+        "SELECT p.allow = %s::cidr[] AND p.deny = %s::cidr[] FROM pgmb.endpoint_policy AS p",
+        (allow, deny),
+    )
+    row = cursor.fetchone()
+    return row is not None and bool(row[0])
+
+
+def write_endpoint_policy(cursor: Any) -> None:
+    """Store PGMB["ENDPOINT_POLICY"] where the in-database path reads it
+    (pgmb.endpoint_policy): the PL/Python transport checks each address it connects to
+    against it, and pgsql-http is used only under the default policy."""
+    allow, deny = endpoint_policy_setting()
+    cursor.execute(
+        "INSERT INTO pgmb.endpoint_policy (one, allow, deny) VALUES (true, %s::cidr[], %s::cidr[]) "
+        "ON CONFLICT (one) DO UPDATE SET allow = excluded.allow, deny = excluded.deny",
+        (allow, deny),
+    )
+
+
 def install_cron_jobs(cursor: Any) -> str | None:
-    """Schedule pgmb's jobs if pg_cron is installed in this database; say what was done."""
+    """Store the endpoint policy, then schedule pgmb's jobs if pg_cron is installed in this
+    database; say what was done."""
+    write_endpoint_policy(cursor)
     if capabilities(cursor).pg_cron_version is None:
         return None
     cursor.execute("SELECT pgmb.cron_install()")

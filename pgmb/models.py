@@ -23,7 +23,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from . import routing, sql
+from . import endpoint_policy, routing, sql
 from .errors import PgmbError
 from .ids import uuid7
 from .worker_request import secret_problem
@@ -297,6 +297,7 @@ class Worker(models.Model):
 
     def clean(self) -> None:
         super().clean()
+        self._clean_endpoint_and_timeout()
         cooldown, cap = self.breaker_cooldown, self.breaker_cooldown_max
         # A value that is not a finite number has its own error already.
         if (
@@ -308,6 +309,34 @@ class Worker(models.Model):
         ):
             raise ValidationError(
                 {"breaker_cooldown_max": _("The cap must be at least the cool-down.")}
+            )
+
+    def _clean_endpoint_and_timeout(self) -> None:
+        """The endpoint reaches no address PGMB["ENDPOINT_POLICY"] refuses, and a request
+        ends before the lease of any queue it delivers for: a request that outlasts its
+        lease lets the delivery be claimed and posted again while it still runs."""
+        if isinstance(self.endpoint, str) and ENDPOINT_RE.fullmatch(self.endpoint):
+            problem = endpoint_policy.endpoint_problem(self.endpoint)
+            if problem is not None:
+                raise ValidationError({"endpoint": problem}, code="refused")
+        if self._state.adding or not isinstance(self.timeout, float | int):
+            return
+        lease = (
+            Queue.objects.filter(worker_id=self.pk)
+            .aggregate(lease=models.Min("lease_seconds"))
+            .get("lease")
+        )
+        if lease is not None and self.timeout >= lease:
+            raise ValidationError(
+                {
+                    "timeout": _(
+                        "The timeout must be shorter than the lease of every queue this "
+                        "worker delivers for (the shortest is %(lease)s s): a request that "
+                        "outlasts its lease is posted twice."
+                    )
+                    % {"lease": f"{lease:g}"}
+                },
+                code="max_value",
             )
 
     @property

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from .. import endpoint_policy
 from . import http1
 
 #: Statuses whose Retry-After is honoured.
@@ -76,7 +77,7 @@ USER_AGENT = "pgmb-dispatcher"
 def new_session(concurrency: int) -> http1.Client:
     """One client per dispatcher: pooled keep-alive connections, as many kept idle as
     requests may be in flight."""
-    return http1.Client(kept=concurrency)
+    return http1.Client(kept=concurrency, policy=endpoint_policy.current())
 
 
 async def post(

@@ -31,14 +31,23 @@ SQL), and one table of tests runs both (``tests/dispatch/test_keepalive.py``):
 Connections to a name with several addresses are made as RFC 8305 says (Happy Eyeballs):
 IPv6 and IPv4 addresses interleaved, the next tried :data:`HAPPY_EYEBALLS_DELAY` after the
 last, so that a dead address costs a fraction of a second rather than the worker's timeout.
+
+The client resolves a name itself and connects only to the addresses its endpoint policy
+allows (``PGMB["ENDPOINT_POLICY"]``, :mod:`pgmb.endpoint_policy`): the check is on the
+address connected to, so an answer that changes after any earlier check cannot reach a
+refused address. TLS still names and verifies the endpoint's host name. A request's timeout
+is a total deadline: connecting, sending and reading the answer all end by then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
+import ipaddress
 import os
 import re
+import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +56,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 
+from .. import endpoint_policy
 from ..endpoints import mask_credentials
 
 #: Body bytes read past what the caller keeps, to reuse the connection; beyond, it closes.
@@ -390,9 +400,16 @@ class Connection(asyncio.Protocol):
 class Client:
     """Pooled HTTP/1.1 connections for one event loop; see the module for the rules."""
 
-    def __init__(self, kept: int = 64, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        kept: int = 64,
+        ssl_context: ssl.SSLContext | None = None,
+        policy: endpoint_policy.Policy | None = None,
+    ) -> None:
         self._kept = max(1, kept)
         self._ssl = ssl_context
+        #: None: every address may be reached (tests of the client alone).
+        self._policy = policy
         #: Idle connections by (scheme, host, port), least recently used key first.
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._idle_count = 0
@@ -468,19 +485,12 @@ class Client:
             context = self._ssl
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: Connection(endpoint.key, self._open),
-                    endpoint.host,
-                    endpoint.port,
-                    ssl=context,
-                    server_hostname=endpoint.host if context else None,
-                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
-                    interleave=1,
-                ),
-                deadline - loop.time(),
+                self._open_connection(endpoint, context), deadline - loop.time()
             )
         except asyncio.TimeoutError:  # an OSError too since Python 3.11: the worker's timeout
             raise
+        except endpoint_policy.EndpointRefused as exc:
+            raise ConnectError(str(exc)) from exc
         except OSError as exc:  # refusals, name lookups, TLS (ssl.SSLError is an OSError)
             if exc.errno and exc.errno > 0 and not isinstance(exc, ssl.SSLError):
                 reason = os.strerror(exc.errno)
@@ -488,6 +498,44 @@ class Client:
                 reason = str(exc) or type(exc).__name__
             raise ConnectError(f"{reason} ({endpoint.host}:{endpoint.port})") from exc
         return conn
+
+    async def _open_connection(
+        self, endpoint: _Endpoint, context: ssl.SSLContext | None
+    ) -> tuple[asyncio.BaseTransport, Connection]:
+        """A connection to an address of the endpoint the policy allows. An address literal
+        is checked as it is; a name is resolved here, its refused addresses dropped, and
+        asyncio connects to the addresses kept (numeric: it resolves nothing again)."""
+        loop = asyncio.get_running_loop()
+        factory = functools.partial(Connection, endpoint.key, self._open)
+        server_hostname = endpoint.host if context else None
+        policy = self._policy
+        if policy is None:
+            hosts: list[str] = [endpoint.host]
+        elif _is_address(endpoint.host):
+            endpoint_policy.allowed(policy, endpoint.host, [_literal_info(endpoint.host)])
+            hosts = [endpoint.host]
+        else:
+            infos = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
+            kept = endpoint_policy.allowed(policy, endpoint.host, infos)
+            if not kept:
+                raise OSError(f"no address for {endpoint.host}")
+            if len(kept) == 1:
+                hosts = [kept[0][4][0]]
+            else:
+                # Several addresses: raced as RFC 8305 says, on sockets made here.
+                sock = await _happy_eyeballs(loop, kept)
+                return await loop.create_connection(
+                    factory, sock=sock, ssl=context, server_hostname=server_hostname
+                )
+        return await loop.create_connection(
+            factory,
+            hosts[0],
+            endpoint.port,
+            ssl=context,
+            server_hostname=server_hostname,
+            happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
+            interleave=1,
+        )
 
     def _take(self, key: tuple[str, str, int]) -> Connection | None:
         stack = self._idle.get(key)
@@ -512,3 +560,50 @@ class Client:
             self._idle_count -= 1
             if not oldest:
                 del self._idle[oldest_key]
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _literal_info(host: str) -> endpoint_policy.AddrInfo:
+    return (0, socket.SOCK_STREAM, 0, "", (host, 0))
+
+
+def _interleaved(infos: list[endpoint_policy.AddrInfo]) -> list[endpoint_policy.AddrInfo]:
+    """IPv6 and IPv4 addresses alternated, the first answer's family first (RFC 8305)."""
+    first = [i for i in infos if i[0] == infos[0][0]]
+    other = [i for i in infos if i[0] != infos[0][0]]
+    mixed: list[endpoint_policy.AddrInfo] = []
+    for k in range(max(len(first), len(other))):
+        mixed.extend(group[k] for group in (first, other) if k < len(group))
+    return mixed
+
+
+async def _happy_eyeballs(
+    loop: asyncio.AbstractEventLoop, infos: list[endpoint_policy.AddrInfo]
+) -> socket.socket:
+    """A socket connected to the first of ``infos`` to answer, each next address tried
+    HAPPY_EYEBALLS_DELAY after the last (asyncio's own race, on the checked addresses)."""
+    from asyncio import staggered
+
+    async def attempt(info: endpoint_policy.AddrInfo) -> socket.socket:
+        family, kind, proto, _, address = info
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    attempts = [functools.partial(attempt, info) for info in _interleaved(infos)]
+    sock, _, errors = await staggered.staggered_race(attempts, HAPPY_EYEBALLS_DELAY)
+    if sock is None:
+        raise errors[-1] if errors and errors[-1] is not None else OSError("connect failed")
+    return sock

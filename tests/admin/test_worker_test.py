@@ -6,15 +6,19 @@ import hashlib
 import hmac
 import socket
 import threading
+import time
 
+import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 
 from pgmb.admin.worker_test import send_test_request
 from pgmb.models import Worker
 from tests.httpserver import held
+from tests.security.trickle import trickling
 
-from .conftest import url
+from .conftest import form_errors, url
 
 SECRET = "whsec_" + base64.b64encode(b"a test secret of pgmb").decode()
 
@@ -89,7 +93,7 @@ def test_a_500_is_shown_with_the_start_of_its_body(admin_client, recording_serve
 
     outcome = result(response)
     assert outcome.status == 500 and not outcome.ok
-    assert outcome.excerpt == "x" * 500 and outcome.truncated
+    assert outcome.excerpt == "x" * 200 and outcome.truncated
     assert "500 Internal Server Error" in response.content.decode()
 
 
@@ -173,3 +177,140 @@ def test_staff_without_the_permission_is_neither_offered_nor_allowed(
     client.force_login(django_user_model.objects.get(pk=user.pk))
     result(post_test(client, [worker]))
     assert len(recording_server.requests) == 1
+
+
+# --- issue 21: a total deadline, the endpoint policy, a record, a short escaped excerpt ---
+
+
+def test_the_timeout_bounds_the_whole_exchange(admin_client, make_worker):
+    # The server sends its head one byte every 50 ms (about 13 s in all): each read is
+    # well within the 0.5 s timeout, the whole is not.
+    with trickling(0.05) as endpoint:
+        worker = make_worker(endpoint=endpoint, timeout=0.5)
+        started = time.monotonic()
+        outcome = result(post_test(admin_client, [worker]))
+        took = time.monotonic() - started
+
+    assert outcome.status is None
+    assert outcome.error == "Timed out waiting for the answer (timeout 0.5 s)."
+    assert took < 3, took
+
+
+def test_a_link_local_endpoint_is_refused_before_connecting(admin_client, make_worker):
+    # 169.254.169.254 (a cloud's metadata service) is refused by default; the refusal comes
+    # from the address check, before any socket is made (nothing leaves this machine).
+    worker = make_worker(endpoint="http://169.254.169.254/latest/meta-data/")
+
+    outcome = result(post_test(admin_client, [worker]))
+
+    assert outcome.status is None
+    assert outcome.error == (
+        "Not sent: 169.254.169.254 resolves to 169.254.169.254, which "
+        "PGMB['ENDPOINT_POLICY'] refuses."
+    )
+
+
+@pytest.fixture
+def rebinding(monkeypatch):
+    """Name resolution of the test-only name rebind.pgmb.test: 127.0.0.1 at the first
+    lookup, 127.0.0.2 at every later one (a DNS answer that changes after a check)."""
+    real = socket.getaddrinfo
+    answers = iter(["127.0.0.1"])
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "rebind.pgmb.test":
+            host = next(answers, "127.0.0.2")
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+DENY_127_0_0_2 = {"ENDPOINT_POLICY": {"allow": ["127.0.0.1/32"], "deny": ["127.0.0.2/32"]}}
+
+
+def test_an_answer_that_changes_after_the_check_is_refused_at_connect(
+    admin_client, make_recording_server, rebinding, settings
+):
+    settings.PGMB = DENY_127_0_0_2
+    denied = make_recording_server()
+    denied.host = "127.0.0.2"
+    denied.start()
+    endpoint = f"http://rebind.pgmb.test:{denied.port}/hook"
+    # Saving checks the name's answer of the moment, 127.0.0.1: allowed.
+    response = admin_client.post(
+        url("worker_add"),
+        {
+            "name": "rebound",
+            "endpoint": endpoint,
+            "rps": "5",
+            "burst": "1",
+            "timeout": "2",
+            "active": "on",
+            "breaker_window": "60",
+            "breaker_min_requests": "20",
+            "breaker_cooldown": "30",
+            "breaker_cooldown_max": "600",
+        },
+    )
+    assert response.status_code == 302
+    worker = Worker.objects.get(name="rebound")
+
+    outcome = result(post_test(admin_client, [worker]))
+
+    assert outcome.error == (
+        "Not sent: rebind.pgmb.test resolves to 127.0.0.2, which PGMB['ENDPOINT_POLICY'] refuses."
+    )
+    assert denied.requests == []
+
+
+def test_saving_a_worker_with_a_refused_endpoint_is_a_clear_error(admin_client, db, settings):
+    response = admin_client.post(
+        url("worker_add"),
+        {
+            "name": "metadata",
+            "endpoint": "http://169.254.169.254/latest/",
+            "rps": "5",
+            "burst": "1",
+            "timeout": "2",
+            "active": "on",
+            "breaker_window": "60",
+            "breaker_min_requests": "20",
+            "breaker_cooldown": "30",
+            "breaker_cooldown_max": "600",
+        },
+    )
+
+    assert form_errors(response) == {
+        "endpoint": [
+            "169.254.169.254 resolves to 169.254.169.254, which PGMB['ENDPOINT_POLICY'] "
+            "refuses (docs/security.md, Endpoints)"
+        ]
+    }
+    assert not Worker.objects.filter(name="metadata").exists()
+
+
+def test_a_test_request_is_recorded_in_the_history(admin_client, recording_server, make_worker):
+    worker = make_worker(endpoint=recording_server.url("/hook"))
+    recording_server.respond(204)
+
+    result(post_test(admin_client, [worker]))
+
+    [entry] = LogEntry.objects.filter(object_id=str(worker.pk))
+    assert entry.user.username == "admin"
+    assert entry.get_change_message() == (
+        f"Sent a test request to {recording_server.url('/hook')}: HTTP 204 No Content"
+    )
+
+
+def test_the_page_shows_a_short_escaped_excerpt(admin_client, recording_server, make_worker):
+    worker = make_worker(endpoint=recording_server.url("/hook"))
+    recording_server.respond(500, b"<script>alert(1)</script>\x1b[31m\x00" + b"s" * 5000)
+
+    response = post_test(admin_client, [worker])
+
+    outcome = result(response)
+    assert outcome.excerpt == "<script>alert(1)</script>\\x1b[31m\\x00" + "s" * 169
+    assert outcome.truncated
+    page = response.content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\x1b[31m\\x00" in page
+    assert "<script>alert" not in page and "s" * 170 not in page

@@ -35,6 +35,7 @@ class Command(BaseCommand):
             raise CommandError(first_line(cause) + (f" ({hint})" if hint else "")) from exc
 
     def install(self, cursor: Any, batch: int) -> None:
+        indb.write_endpoint_policy(cursor)
         caps = indb.capabilities(cursor)
         if caps.transport is None:
             indb.install_plpython_transport(cursor)

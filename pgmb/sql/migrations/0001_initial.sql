@@ -2547,6 +2547,50 @@ LANGUAGE sql STABLE AS $$
                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome
 $$;
 
+-- The endpoint policy of the in-database path (docs/security.md, Endpoints): the networks
+-- PGMB['ENDPOINT_POLICY'] allows and denies, written by manage.py pgmb_cron install and the
+-- migration (pgmb.indb.write_endpoint_policy); the system check says when it differs from
+-- the setting. One row; until written, the default policy (link-local refused).
+CREATE TABLE IF NOT EXISTS pgmb.endpoint_policy (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    allow cidr[] NOT NULL DEFAULT '{}',
+    deny cidr[] NOT NULL DEFAULT '{169.254.0.0/16,fe80::/10}'
+);
+INSERT INTO pgmb.endpoint_policy DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- The rule of pgmb.endpoint_policy.Policy.refuses (one table of cases runs both,
+-- tests/security/test_endpoint_policy.py): an address in an allowed network is reachable,
+-- else one in a denied network is refused, else it is reachable. An IPv4-mapped IPv6
+-- address is judged as the IPv4 address it carries.
+CREATE OR REPLACE FUNCTION pgmb.endpoint_refused(address inet, allow cidr[], deny cidr[])
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT NOT EXISTS (SELECT FROM unnest(allow) AS n WHERE a <<= n)
+       AND EXISTS (SELECT FROM unnest(deny) AS n WHERE a <<= n)
+    FROM (SELECT CASE WHEN family(address) = 6 AND address <<= '::ffff:0.0.0.0/96'::inet
+                      THEN '0.0.0.0'::inet + (address - '::ffff:0.0.0.0'::inet)
+                      ELSE address END AS a) AS mapped
+$$;
+
+-- Whether the database's endpoint policy refuses address (the PL/Python transport asks
+-- before it connects).
+CREATE OR REPLACE FUNCTION pgmb.endpoint_refused(address inet) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT pgmb.endpoint_refused(address, p.allow, p.deny)
+                     FROM pgmb.endpoint_policy AS p),
+                    pgmb.endpoint_refused(address, '{}', '{169.254.0.0/16,fe80::/10}'))
+$$;
+
+-- Whether the database's endpoint policy is the default one. pgsql-http resolves, connects
+-- and follows redirects inside libcurl, where no policy can be checked: it is used only
+-- under the default policy (whose link-local refusal it cannot enforce either; the
+-- documented gap of the default).
+CREATE OR REPLACE FUNCTION pgmb.endpoint_policy_is_default() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT p.allow = '{}' AND p.deny = '{169.254.0.0/16,fe80::/10}'
+                     FROM pgmb.endpoint_policy AS p), true)
+$$;
+
 -- POST through pgsql-http. Called through EXECUTE so that this file installs without it.
 -- pgsql-http follows redirects itself (up to 5) and has no option to stop it.
 CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
@@ -2586,10 +2630,23 @@ BEGIN
         WHEN 'plpython3u' THEN
             RETURN pgmb.post_via_plpython(url, body, headers, timeout);
         ELSE
-            RAISE EXCEPTION 'pgmb: no HTTP transport in this database'
-                USING ERRCODE = 'feature_not_supported',
-                      HINT = 'Install the http extension (pgsql-http) or plpython3u, or run manage.py pgmb_dispatch instead.';
+            PERFORM pgmb.no_transport();
     END CASE;
+END $$;
+
+-- The error of a database without a transport pgmb.post may use: none installed, or only
+-- pgsql-http under an endpoint policy it cannot enforce.
+CREATE OR REPLACE FUNCTION pgmb.no_transport() RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http') THEN
+        RAISE EXCEPTION 'pgmb: the http extension cannot enforce PGMB[''ENDPOINT_POLICY''] (it resolves, connects and follows redirects inside libcurl), so the in-database path does not use it under a policy other than the default'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Install plpython3u (pgmb''s PL/Python transport checks the policy), or run manage.py pgmb_dispatch instead.';
+    END IF;
+    RAISE EXCEPTION 'pgmb: no HTTP transport in this database'
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'Install the http extension (pgsql-http) or plpython3u, or run manage.py pgmb_dispatch instead.';
 END $$;
 
 -- Whether the pg_cron dispatch job exists (a running loop ends when it is unscheduled).
@@ -2685,15 +2742,16 @@ BEGIN
     END IF;
 END $$;
 
--- The transport pgmb.post uses: 'http' (the extension), 'plpython3u' (the PL/Python
--- transport is installed) or NULL.
+-- The transport pgmb.post uses: 'http' (the extension, under the default endpoint policy
+-- only), 'plpython3u' (the PL/Python transport is installed) or NULL.
 CREATE OR REPLACE FUNCTION pgmb.http_transport() RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     transport text;
 BEGIN
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http') THEN 'http'
+        WHEN EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http')
+             AND pgmb.endpoint_policy_is_default() THEN 'http'
         WHEN to_regprocedure('pgmb.post_via_plpython(text, text, jsonb, float8)') IS NOT NULL THEN 'plpython3u'
     END INTO transport;
     RETURN transport;
@@ -2827,7 +2885,7 @@ BEGIN
     -- Read first: a bad setting stops the loop before it writes anything.
     SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
     IF pgmb.http_transport() IS NULL THEN
-        RAISE EXCEPTION 'pgmb: no HTTP transport in this database' USING ERRCODE = 'feature_not_supported';
+        PERFORM pgmb.no_transport();
     END IF;
     -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
     BEGIN

@@ -15,6 +15,14 @@
 -- its own, then reads their answers in order, so the endpoint answers one request while the
 -- backend sends or reads another, instead of the backend waking up for every answer.
 
+-- A request's timeout is a total deadline (docs/delivery.md): connecting, sending and
+-- reading its answer all end by then. Socket timeouts bound one operation each, so the
+-- transport's sockets set what is left of the deadline before each one: a server that sends
+-- an answer a byte at a time cannot hold the backend past it. A connection is made only to
+-- an address the database's endpoint policy allows (pgmb.endpoint_refused, checked after
+-- name resolution, on the address connected to), so an answer that changes after a check
+-- cannot reach a refused address.
+--
 -- Defines the transport's code once per session, in PL/Python's GD under keys that carry
 -- its version (a session that crosses an upgrade closes the connections it kept under an
 -- older version's keys): pgmb.post_via_plpython posts one request with it,
@@ -26,6 +34,8 @@ LANGUAGE plpython3u AS $py$
 import http.client
 import json
 import select
+import socket
+import ssl
 import time
 from urllib.parse import urlsplit
 
@@ -41,6 +51,109 @@ STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 # GD lives as long as the backend, and one backend runs one loop: no locking.
 pool = GD.setdefault("pgmb_connections_v1", {})
+
+class Refused(OSError):
+    """The endpoint's name resolves to no address the endpoint policy allows."""
+
+def left(deadline):
+    """Seconds left until deadline (time.monotonic()); TimeoutError when none."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("timed out")
+    return remaining
+
+class DeadlineSocket(socket.socket):
+    """A socket whose every send and receive ends by its request's deadline. Past it, what
+    has already arrived is still read (a window's later answers wait in their sockets while
+    an earlier one is read), but nothing is waited for."""
+    deadline = None
+
+    def _bound(self):
+        if self.deadline is not None:
+            self.settimeout(max(self.deadline - time.monotonic(), 1e-6))
+
+    def recv_into(self, *args):
+        self._bound()
+        return super().recv_into(*args)
+
+    def recv(self, *args):
+        self._bound()
+        return super().recv(*args)
+
+    def sendall(self, *args):
+        self._bound()
+        return super().sendall(*args)
+
+    def send(self, *args):
+        self._bound()
+        return super().send(*args)
+
+class DeadlineSSLSocket(ssl.SSLSocket):
+    """The same over TLS (ssl.SSLContext.sslsocket_class)."""
+    deadline = None
+    _bound = DeadlineSocket._bound
+
+    def recv_into(self, *args):
+        self._bound()
+        return super().recv_into(*args)
+
+    def recv(self, *args):
+        self._bound()
+        return super().recv(*args)
+
+    def read(self, *args):
+        self._bound()
+        return super().read(*args)
+
+    def sendall(self, *args):
+        self._bound()
+        return super().sendall(*args)
+
+    def send(self, *args):
+        self._bound()
+        return super().send(*args)
+
+    def write(self, *args):
+        self._bound()
+        return super().write(*args)
+
+def tls_context():
+    context = GD.get("pgmb_tls_context_v1")
+    if context is None:
+        context = GD["pgmb_tls_context_v1"] = ssl.create_default_context()
+        context.sslsocket_class = DeadlineSSLSocket
+    return context
+
+def refused(address):
+    plan = GD.get("pgmb_refused_plan")
+    if plan is None:
+        plan = GD["pgmb_refused_plan"] = plpy.prepare(
+            "SELECT pgmb.endpoint_refused($1::inet) AS refused", ["text"])
+    return plpy.execute(plan, [address.split("%", 1)[0]])[0]["refused"]
+
+def connector(deadline):
+    """http.client's _create_connection: resolves, keeps the addresses the policy allows
+    and connects to those only, by deadline."""
+    def create_connection(address, timeout=None, source_address=None, *args):
+        host, port = address
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        kept = [info for info in infos if not refused(info[4][0])]
+        if infos and not kept:
+            raise Refused("%s resolves to %s, which the endpoint policy (pgmb.endpoint_policy) refuses"
+                          % (host, ", ".join(sorted({info[4][0] for info in infos}))))
+        error = OSError("no address for %s" % host)
+        for family, kind, proto, _, sockaddr in kept:
+            sock = DeadlineSocket(family, kind, proto)
+            try:
+                sock.settimeout(left(deadline))
+                sock.connect(sockaddr)
+                sock.deadline = deadline
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+        raise error
+    return create_connection
 
 def take(key):
     """A kept connection to key, or None. An idle connection has nothing to say: readable
@@ -69,6 +182,8 @@ def keep(key, conn):
             del pool[oldest]
 
 def failure(exc, timeout, started):
+    if isinstance(exc, Refused):
+        return (None, "connection failed: %s" % exc, None, (time.perf_counter() - started) * 1000)
     if isinstance(exc, TimeoutError) or "timed out" in str(exc):
         return (None, "timeout after %gs" % timeout, None, (time.perf_counter() - started) * 1000)
     return (None, "%s: %s" % (type(exc).__name__, exc), None, (time.perf_counter() - started) * 1000)
@@ -97,7 +212,8 @@ def send(url, body, headers, timeout):
     except Exception as exc:
         return failure(exc, timeout, started)
     request = {"key": (scheme, host, port), "target": target, "headers": sent, "data": data,
-               "timeout": timeout, "started": started, "conn": take((scheme, host, port))}
+               "timeout": timeout, "started": started, "conn": take((scheme, host, port)),
+               "deadline": time.monotonic() + timeout}
     request["reused"] = request["conn"] is not None
     try:
         while True:
@@ -118,12 +234,19 @@ def send(url, body, headers, timeout):
 def _write(request):
     conn = request["conn"]
     scheme, host, port = request["key"]
+    deadline = request["deadline"]
     if conn is None:
-        connection_class = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-        conn = request["conn"] = connection_class(host, port, timeout=request["timeout"])
+        if scheme == "https":
+            conn = http.client.HTTPSConnection(host, port, timeout=left(deadline), context=tls_context())
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=left(deadline))
+        request["conn"] = conn
+        conn._create_connection = connector(deadline)
+        conn.connect()
     else:
         conn.timeout = request["timeout"]
-        conn.sock.settimeout(request["timeout"])
+        conn._create_connection = connector(deadline)
+    conn.sock.deadline = deadline
     conn.request("POST", request["target"], request["data"], request["headers"])
 
 def receive(request):

@@ -39,6 +39,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .. import endpoint_policy
+from ..endpoints import mask_credentials
 from ..models import Worker
 from ..worker_request import build_headers
 
@@ -163,7 +164,9 @@ def send_test_request(worker: Worker) -> TestResult:
     body = json.dumps(
         {"pgmb": "test", "sent_at": now().isoformat(), "worker": worker.name}
     ).encode()
-    result = TestResult(endpoint=worker.endpoint, message_id=message_id, body=body.decode())
+    result = TestResult(
+        endpoint=mask_credentials(worker.endpoint), message_id=message_id, body=body.decode()
+    )
     try:
         headers = build_headers(
             message_id=message_id,

@@ -181,6 +181,12 @@ def failure(exc, timeout, started):
         return (None, "timeout after %gs" % timeout, None, (time.perf_counter() - started) * 1000)
     return (None, "%s: %s" % (type(exc).__name__, exc), None, (time.perf_counter() - started) * 1000)
 
+def masked(url):
+    """The URL as errors show it: credentials masked, as pgmb.mask_credentials does (errors
+    are stored, and shown in the admin)."""
+    plan = plpy.prepare("SELECT pgmb.mask_credentials($1) AS url", ["text"])
+    return plpy.execute(plan, [url])[0]["url"]
+
 def send(url, body, headers, timeout):
     """Sends one POST. Returns what receive() needs to read its answer, or, when no request
     could be sent, its outcome (a tuple)."""
@@ -189,10 +195,10 @@ def send(url, body, headers, timeout):
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https"):
-            raise ValueError("unknown url type: %r" % url)
+            raise ValueError("unknown url type: %r" % masked(url))
         host = parts.hostname
         if not host:
-            raise ValueError("no host given: %r" % url)
+            raise ValueError("no host given: %r" % masked(url))
         port = parts.port or (443 if scheme == "https" else 80)
         target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
         sent = json.loads(headers)

@@ -155,6 +155,11 @@ def test_refused_and_bad_urls_are_outcomes(post):
     assert status is None and "Connection refused" in error
     status, error, _ = post("ftp://127.0.0.1/")
     assert status is None and "unknown url type: 'ftp://127.0.0.1/'" in error
+    # Errors are stored and shown: an endpoint's credentials never reach them.
+    status, error, _ = post("ftp://user:pw@127.0.0.1/")
+    assert status is None and "unknown url type: 'ftp://***:***@127.0.0.1/'" in error
+    status, error, _ = post("http://user:pw@/in")
+    assert status is None and "no host given: 'http://***:***@/in'" in error
 
 
 def test_connections_to_several_servers_are_kept_apart(post, make_recording_server):

@@ -20,6 +20,7 @@ from . import conf, sql
 from .durations import check_seconds
 from .errors import DuplicateMessage, InvalidBody, InvalidDelay, UnknownDependency
 from .ids import uuid7
+from .message_limits import body_problem, headers_problem
 from .options import Options, check_options
 from .routing import validate_routing_key
 
@@ -48,6 +49,13 @@ class Outgoing:
 _FIELDS = frozenset(Outgoing.__dataclass_fields__)
 
 
+def _body(body: Any) -> str:
+    problem = body_problem(body)
+    if problem is not None:
+        raise InvalidBody(f"message refused: {problem}")
+    return _dumps(body, "body")
+
+
 def _dumps(value: Any, what: str) -> str:
     try:
         return json.dumps(value, cls=conf.get().json_encoder, allow_nan=False)
@@ -60,6 +68,9 @@ def _headers(headers: Mapping[str, Any] | None) -> str:
         return "{}"
     if not isinstance(headers, Mapping):
         raise InvalidBody(f"message headers must be a mapping, not {type(headers).__name__}")
+    problem = headers_problem(headers)
+    if problem is not None:
+        raise InvalidBody(f"message refused: {problem}")
     return _dumps(dict(headers), "headers")
 
 
@@ -137,9 +148,13 @@ def send(
     The message options (docs/ordering.md): ``priority`` (lower first, 0 by default);
     ``group``, whose messages a queue delivers one at a time in publish order;
     ``depends_on``, message ids that must be settled first; ``dedup_id``, which drops the
-    message if one with the same id was published within a matching queue's dedup window
-    (the existing message's id is returned, a second query); ``max_retries`` and
+    message for each queue of its key that got one with the same id within the queue's
+    dedup window (when that is every queue, nothing is stored and the existing message's
+    id is returned, a second query); ``max_retries`` and
     ``retry_delay`` (seconds between attempts), used instead of the queue's.
+
+    The body and headers follow :mod:`pgmb.message_limits` (depth, count, size, no reserved
+    header names).
 
     Raises :class:`~pgmb.errors.InvalidRoutingKey`, :class:`~pgmb.errors.InvalidBody`,
     :class:`~pgmb.errors.InvalidDelay`, :class:`~pgmb.errors.InvalidOption` before touching
@@ -158,12 +173,12 @@ def send(
         max_retries=max_retries,
         retry_delay=retry_delay,
     )
-    params = (mid, routing_key, _dumps(body, "body"), _headers(headers), at, seconds)
+    params = (mid, routing_key, _body(body), _headers(headers), at, seconds)
     try:
         with connections[using or conf.get().DATABASE].cursor() as cursor:
             cursor.execute(sql.query("publish.sql", "send"), params + _option_params(options))
             if cursor.fetchone() is None:
-                cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id,))
+                cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id, routing_key))
                 return uuid.UUID(str(cursor.fetchone()[0]))
     except IntegrityError as exc:
         raise (_duplicate(exc) or exc) from exc
@@ -240,7 +255,7 @@ def send_batch(
         row = (
             mid,
             out.routing_key,
-            _dumps(out.body, "body"),
+            _body(out.body),
             _headers(out.headers),
             at,
             seconds,
@@ -263,7 +278,9 @@ def send_batch(
                 stored = {uuid.UUID(str(row[0])) for row in cursor.fetchall()}
                 for i, mid in enumerate(ids):
                     if mid not in stored:
-                        cursor.execute(sql.query("publish.sql", "deduplicated"), (columns[9][i],))
+                        cursor.execute(
+                            sql.query("publish.sql", "deduplicated"), (columns[9][i], columns[1][i])
+                        )
                         ids[i] = uuid.UUID(str(cursor.fetchone()[0]))
     except IntegrityError as exc:
         raise (_duplicate(exc) or exc) from exc

@@ -27,12 +27,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-#: Headers a message may not set: they belong to HTTP, to pgmb or to the signature.
+#: Headers a message may not set (publish refuses them, delivery drops them from rows stored
+#: before the rule): HTTP's framing and encoding, what a receiver or a proxy in front of it
+#: trusts (credentials, client address), and what pgmb sets on every request. The same list
+#: as pgmb.reserved_header() in SQL (tests/rules checks both with one table of cases).
 RESERVED = frozenset(
     {
         "host",
         "content-type",
         "content-length",
+        "content-encoding",
         "connection",
         "transfer-encoding",
         "expect",
@@ -42,8 +46,22 @@ RESERVED = frozenset(
         "keep-alive",
         "proxy-connection",
         "user-agent",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "forwarded",
     }
 )
+#: Prefixes of reserved names: pgmb's own headers, the signature's, and the proxies'.
+RESERVED_PREFIXES = ("pgmb-", "webhook-", "x-forwarded-")
+
+
+def reserved_header(name: str) -> bool:
+    """Whether a message may not set header ``name`` (any case)."""
+    lower = name.lower()
+    return lower in RESERVED or lower.startswith(RESERVED_PREFIXES)
+
+
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 #: Header values are sent only if they are printable ASCII (no CR/LF injection, no
 #: encoding guesswork); the same rule as pgmb.request_headers() in SQL.
@@ -104,12 +122,7 @@ def message_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
     """The message's own headers as HTTP headers; unusable or reserved ones are dropped."""
     out: dict[str, str] = {}
     for name, value in (headers or {}).items():
-        lower = str(name).lower()
-        if (
-            lower in RESERVED
-            or lower.startswith(("pgmb-", "webhook-"))
-            or not _TOKEN.fullmatch(name)
-        ):
+        if reserved_header(str(name)) or not _TOKEN.fullmatch(name):
             continue
         # json.dumps spaces JSON as PostgreSQL prints jsonb: both dispatch paths send the same.
         text = value if isinstance(value, str) else json.dumps(value)

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 import pgmb
-from pgmb.models import Attempt, DeadLetter, Delivery
+from pgmb.models import Attempt, DeadLetter, Delivery, Message
 
 NORMAL = 12
 
@@ -51,8 +51,10 @@ def faulty_world(recording_server, make_worker, make_queue):
     good.max_retries = 0
     good.save()
     ids = [pgmb.send("k", {"n": n}) for n in range(NORMAL // 2)]
-    # A header value no server takes: the message fails everywhere, and only there.
-    pgmb.send("k", {"poison": True}, headers={"huge": "x" * 100_000})
+    # A header value no server takes: the message fails everywhere, and only there. Publish
+    # refuses it now (docs/decisions/0031): a row stored before the limit still holds it.
+    poison = pgmb.send("k", {"poison": True})
+    Message.objects.filter(pk=poison).update(headers={"huge": "x" * 100_000})
     ids += [pgmb.send("k", {"n": n}) for n in range(NORMAL // 2, NORMAL)]
     return {"server": server, "good": good, "bad": bad, "ids": ids, "queues": 1 + len(bad)}
 

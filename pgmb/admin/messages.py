@@ -7,18 +7,23 @@ replayed (see :mod:`pgmb.admin.replay`), which call it.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
+from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .. import publish
+from ..message_limits import MAX_DEPTH
 from ..models import Attempt, DeadLetter, Delivery, Message, Queue
 from . import dead_letters, filters, replay
 from .common import (
@@ -201,6 +206,12 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
     inlines = (DeliveryInline, DeadLetterInline, AttemptInline)
     actions = replay.ACTIONS
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # The body and headers are never parsed by the JSON field (json.loads recurses: a
+        # body stored nested thousands deep raised RecursionError): the list does not show
+        # them, the message's page reads them as text (_stored_json).
+        return super().get_queryset(request).defer("body", "headers")
+
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         cl = super().get_changelist_instance(request)
         # The page's "routed" flags in one query of index probes, after its rows: as a
@@ -237,11 +248,56 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description=_("body"))
     def pretty_body(self, obj: Message) -> SafeString:
-        return pretty_json(obj.body)
+        return _pretty_stored(_stored_json(obj)[0])
 
     @admin.display(description=_("headers"))
     def pretty_headers(self, obj: Message) -> SafeString:
-        return pretty_json(obj.headers)
+        return _pretty_stored(_stored_json(obj)[1])
+
+
+_STORED = "pgmb_stored_json"
+#: A JSON string (with its escapes), or anything but a bracket: what the depth scan skips.
+_NOT_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[^\[\]{}"]+')
+
+
+def _stored_json(obj: Message) -> tuple[str, str]:
+    """The message's body and headers as PostgreSQL prints them, in one query, kept on obj."""
+    if not hasattr(obj, _STORED):
+        texts = (
+            Message.objects.using(obj._state.db)
+            .filter(pk=obj.pk)
+            .values_list(Cast("body", TextField()), Cast("headers", TextField()))
+            .get()
+        )
+        setattr(obj, _STORED, texts)
+    stored: tuple[str, str] = getattr(obj, _STORED)
+    return stored
+
+
+def _json_depth(text: str) -> int:
+    """How deep containers nest in a JSON text, counted without recursion."""
+    depth = deepest = 0
+    for bracket in _NOT_BRACKETS.sub("", text):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _pretty_stored(text: str) -> SafeString:
+    """Indented JSON; a value nested deeper than publishing allows (stored before the limit,
+    or by the tables' owner) as stored, with a note: indenting it would recurse too deep."""
+    if _json_depth(text) <= MAX_DEPTH:
+        return pretty_json(json.loads(text))
+    return format_html(
+        '<p class="help">{}</p>'
+        '<pre class="pgmb-json" style="margin:0;white-space:pre-wrap">{}</pre>',
+        _("Nested too deep to indent (more than %(depth)s levels): shown as stored.")
+        % {"depth": MAX_DEPTH},
+        text,
+    )
 
 
 def _hang_routed(messages: list[Message], using: str | None) -> None:

@@ -251,6 +251,12 @@ def _envelope(n: int) -> str:
         (None, '{"routing_key": "a", "body": 1, "delay": "2030-01-01"}', "no time zone"),
         (None, '{"routing_key": "a", "body": 1, "delay": true}', "delay must be a number"),
         (None, '{"routing_key": "a", "body": 1, "id": "x"}', "line 1234: id 'x' is not a UUID"),
+        ("order.created", "[" * 65 + "]" * 65, "line 1234: message refused: the body: nested"),
+        (
+            None,
+            '{"routing_key": "a", "body": 1, "headers": {"Cookie": "c"}}',
+            "line 1234: message refused: header 'Cookie' is reserved",
+        ),
     ],
 )
 def test_a_bad_line_publishes_nothing_and_is_named(db, tmp_path, routing_key, bad_line, match):

@@ -223,7 +223,7 @@ def test_the_key_class_is_written_out_identically():
             " WHERE t.tgrelid = 'pgmb_message'::regclass AND t.tgname ~ 'route_messages'"
         )
         source, _ = cursor.fetchone()
-        assert "NOT pgmb.valid_routing_key(m.routing_key)" in source
+        assert "WHERE NOT (pgmb.valid_routing_key(m.routing_key) AND" in source
         cursor.execute(
             "SELECT pg_get_triggerdef(oid) FROM pg_trigger"
             " WHERE tgrelid = 'pgmb_message'::regclass AND tgname ~ 'check_routing_key_update'"

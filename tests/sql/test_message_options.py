@@ -249,15 +249,79 @@ def test_the_window_edges_come_from_the_queue_setting(make_queue, sql):
     assert Message.objects.filter(dedup_id="d").count() == 2
 
 
-def test_the_longest_window_of_the_matching_queues_counts_and_zero_turns_it_off(make_queue, sql):
+def _queues_of(message_id) -> list[str]:
+    return sorted(
+        Delivery.objects.filter(message_id=message_id).values_list("queue__name", flat=True)
+    )
+
+
+def test_each_queue_counts_its_own_window_and_zero_turns_it_off(make_queue, sql):
     make_queue("a.#", name="short", dedup_window=10)
     make_queue("a.b", name="long", dedup_window=100)
-    make_queue("c", name="off", dedup_window=0)
+    make_queue("a.#", name="off", dedup_window=0)
     first = pgmb.send("a.b", 1, dedup_id="x")
     sql("UPDATE pgmb_message SET created_at = now() - interval '50 s'")
-    assert pgmb.send("a.b", 2, dedup_id="x") == first  # within "long"
-    assert pgmb.send("a.z", 3, dedup_id="x") != first  # only "short" matches
-    assert pgmb.send("c", 4, dedup_id="y") != pgmb.send("c", 5, dedup_id="y")
+    # A duplicate for "long" only: stored, and delivered to the other two.
+    second = pgmb.send("a.b", 2, dedup_id="x")
+    assert second != first
+    assert _queues_of(second) == ["off", "short"]
+    # "long" does not match a.z; "short" got the second just now.
+    third = pgmb.send("a.z", 3, dedup_id="x")
+    assert _queues_of(third) == ["off"]
+
+
+def test_a_duplicate_for_every_queue_is_dropped_and_names_the_message_of_its_queues(
+    make_queue, sql
+):
+    make_queue("a.pay", name="pay")
+    make_queue("b.#", name="other")
+    mine = pgmb.send("a.pay", 1, dedup_id="pay-7")
+    later = pgmb.send("b.x", 2, dedup_id="pay-7")  # another queue's: no duplicate there
+    assert later != mine and _queues_of(later) == ["other"]
+    # The newest message with the id is another queue's: the duplicate names its own.
+    assert pgmb.send("a.pay", 3, dedup_id="pay-7") == mine
+    assert Message.objects.filter(dedup_id="pay-7").count() == 2
+
+
+def test_a_message_to_a_key_nobody_listens_on_suppresses_no_other_producers(make_queue, sql):
+    """Issue 21: a producer publishing to a key no queue gets, with the victim's dedup id,
+    made the victim's message vanish (the dedup id was global)."""
+    victims = make_queue("a.pay", name="pay")
+    make_queue("b.#", name="attackers")
+    sql("CREATE ROLE pgmb_test_attacker LOGIN; GRANT pgmb_producer TO pgmb_test_attacker")
+    try:
+        sql("SET ROLE pgmb_test_attacker")
+        [(attack,)] = sql(
+            "SELECT pgmb.send(gen_random_uuid(), 'nobody.listens', '1'::jsonb, NULL::jsonb,"
+            " NULL::timestamptz, dedup_id => 'pay-7')"
+        )
+        [(attack_routed,)] = sql(
+            "SELECT pgmb.send(gen_random_uuid(), 'b.elsewhere', '1'::jsonb, NULL::jsonb,"
+            " NULL::timestamptz, dedup_id => 'pay-8')"
+        )
+        sql("RESET ROLE")
+        victim = pgmb.send("a.pay", {"amount": 7}, dedup_id="pay-7")
+        victim2 = pgmb.send("a.pay", {"amount": 8}, dedup_id="pay-8")
+    finally:
+        sql("RESET ROLE")
+        sql("DROP ROLE pgmb_test_attacker")
+    assert victim != attack and victim2 != attack_routed
+    assert _queues_of(victim) == ["pay"] and _queues_of(victim2) == ["pay"]
+    assert Delivery.objects.filter(queue=victims).count() == 2
+
+
+def test_in_one_batch_a_later_message_does_not_hide_an_earlier_one(make_queue):
+    make_queue("a", name="only_a")
+    make_queue("b", name="only_b")
+    make_queue("#", name="every")
+    ids = pgmb.send_batch(
+        [pgmb.Outgoing("a", 1, dedup_id="d"), pgmb.Outgoing("b", 2, dedup_id="d")]
+    )
+    # The second duplicates the first for "every" only: stored, delivered to only_b; the
+    # first, published before it, still goes to "every".
+    assert ids[0] != ids[1]
+    assert _queues_of(ids[0]) == ["every", "only_a"]
+    assert _queues_of(ids[1]) == ["only_b"]
 
 
 def test_duplicates_in_one_batch_get_the_first_id(make_queue):

@@ -1,7 +1,8 @@
 -- Publishing from Python. The routing trigger on pgmb_message does the rest.
 
 -- Statements start with their verb (tests find them by it). `send` returns no row for a
--- duplicate (pgmb.admit_message dropped it): `deduplicated` gives the message it duplicates.
+-- duplicate for every queue of its key (pgmb.admit_message dropped it): `deduplicated` gives
+-- the message it duplicates.
 -- `send_batch` takes depends_on as one text per message ('{…}' or NULL): unnest cannot
 -- take an array of arrays of different lengths.
 
@@ -14,7 +15,7 @@ VALUES (%s, %s, %s::jsonb, %s::jsonb, now(),
 RETURNING id
 
 -- name: deduplicated
-SELECT pgmb.deduplicated(%s)
+SELECT pgmb.deduplicated(%s, %s)
 
 -- name: unrouted
 SELECT id FROM pgmb.unrouted(%s::uuid[]) AS id

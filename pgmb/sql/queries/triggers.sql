@@ -22,11 +22,12 @@ END IF;
 RETURN NULL;
 
 -- name: route_messages
--- The statement's routing keys pass the key rule first: here, not as a CHECK, whose
+-- The statement's routing keys, bodies and headers pass their rules first (routing.sql,
+-- pgmb.message_problem): here, not as a CHECK, whose
 -- expression PostgreSQL would prepare again for every INSERT; this statement is planned once
 -- per session.
-PERFORM pgmb.refuse_routing_key(m.routing_key) FROM new_messages AS m
-WHERE NOT pgmb.valid_routing_key(m.routing_key) LIMIT 1;
+PERFORM pgmb.refuse_message(m.id, m.routing_key, m.body, m.headers) FROM new_messages AS m
+WHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.body, m.headers)) LIMIT 1;
 -- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for
 -- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
 -- in a transaction are merged).
@@ -39,12 +40,12 @@ SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m
 -- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return
 -- them in any order.
 FROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,
-             n.depends_on, row_number() OVER () AS place
+             n.depends_on, n.dedup_id, row_number() OVER () AS place
       FROM new_messages AS n) AS m
 -- The queues of each distinct key, decided once per key: a batch's messages mostly
 -- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which
 -- would compute the key's tags and test the queues once per message again.
-JOIN (SELECT k.routing_key, q.id AS queue_id
+JOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern
       FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k
       -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step
       -- of its own, where inlined into the join condition a scan of a few queues would
@@ -60,6 +61,12 @@ JOIN (SELECT k.routing_key, q.id AS queue_id
         ON q.binding_tags <@ t.tags
        AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END
       OFFSET 0) AS r ON r.routing_key = m.routing_key
+-- Not to a queue for which the message is a duplicate (pgmb.admit_message dropped those
+-- that duplicate for every queue): one published before it, not later in this statement.
+WHERE m.dedup_id IS NULL OR r.dedup_window = 0 OR NOT EXISTS (
+    SELECT FROM pgmb.duplicated(r.dedup_window, r.pattern, m.id, m.dedup_id, m.created_at) AS x(id)
+    WHERE NOT EXISTS (SELECT FROM (SELECT l.id, row_number() OVER () AS place FROM new_messages AS l) AS later
+                      WHERE later.id = x.id AND later.place > m.place))
 ORDER BY m.place;
 IF FOUND THEN
     PERFORM pgmb.wake_dispatchers();

@@ -616,10 +616,7 @@ BEGIN
                    FROM jsonb_each(coalesce(c.headers, '{}')) AS e
                    CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string'
                                                    THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
-                   WHERE lower(e.key) NOT IN ('host', 'content-type', 'content-length', 'connection',
-                                              'transfer-encoding', 'expect', 'upgrade', 'te', 'trailer',
-                                              'keep-alive', 'proxy-connection', 'user-agent')
-                     AND lower(e.key) NOT LIKE 'pgmb-%' AND lower(e.key) NOT LIKE 'webhook-%'
+                   WHERE NOT pgmb.reserved_header(e.key)
                      AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
                      AND v.value ~ '^[\x20-\x7e]*$'), '{}')
             || jsonb_build_object(

@@ -83,25 +83,132 @@ BEGIN
     RETURN true;
 END $$;
 
--- The message a duplicate was dropped for: the newest with this dedup id.
-CREATE OR REPLACE FUNCTION pgmb.deduplicated(dedup_id text) RETURNS uuid
+-- Whether a message may not set this header (any case): HTTP's framing and encoding, what
+-- a receiver or a proxy in front of it trusts, and what pgmb sets itself. The same list as
+-- pgmb/worker_request.py RESERVED and RESERVED_PREFIXES (tests/rules, one table of cases);
+-- pgmb.message_problem refuses these at publish, pgmb.run_headers drops them at delivery.
+CREATE OR REPLACE FUNCTION pgmb.reserved_header(name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT lower(name) = ANY ('{host,content-type,content-length,content-encoding,connection,transfer-encoding,expect,upgrade,te,trailer,keep-alive,proxy-connection,user-agent,authorization,proxy-authorization,cookie,forwarded}'::text[])
+             OR lower(name) LIKE 'pgmb-%' OR lower(name) LIKE 'webhook-%' OR lower(name) LIKE 'x-forwarded-%' $$;
+
+-- Why a message's body or headers are refused, or NULL: the rule of pgmb/message_limits.py
+-- (the limits are its constants; tests/rules runs one table of cases through both). The
+-- body and the headers nest containers at most 64 deep (the value itself is 1); at most
+-- 64 headers, each name and value together at most 8192 bytes (a value that is not a
+-- string counts as its JSON text), 32768 in all; no reserved name (pgmb.reserved_header).
+CREATE OR REPLACE FUNCTION pgmb.message_problem(body jsonb, headers jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    header text;
+    size bigint;
+    total bigint := 0;
+    how_many integer;
+BEGIN
+    -- A container at level 64 below the body is at depth 65. Strict: lax mode would also
+    -- unwrap arrays. The path stops at that level, so a deeper body costs no more.
+    IF jsonb_path_exists(body, 'strict $.**{64} ? (@.type() == "object" || @.type() == "array")') THEN
+        RETURN 'the body: nested deeper than 64 levels (limit max_depth)';
+    END IF;
+    IF jsonb_typeof(headers) IS DISTINCT FROM 'object' THEN
+        RETURN NULL;  -- the CHECK pgmb_message_headers_object's to refuse
+    END IF;
+    SELECT count(*) INTO how_many FROM jsonb_object_keys(headers);
+    IF how_many > 64 THEN
+        RETURN format('%s headers, at most 64 (limit max_headers)', how_many);
+    END IF;
+    -- A header's value may be JSON too: the dispatcher and the admin turn it into text.
+    IF jsonb_path_exists(headers, 'strict $.**{64} ? (@.type() == "object" || @.type() == "array")') THEN
+        RETURN 'the headers: nested deeper than 64 levels (limit max_depth)';
+    END IF;
+    FOR header, size IN
+        SELECT e.key, octet_length(e.key)::bigint + octet_length(CASE WHEN jsonb_typeof(e.value) = 'string'
+                                                                      THEN e.value #>> '{}' ELSE e.value::text END)
+        FROM jsonb_each(headers) AS e
+    LOOP
+        IF pgmb.reserved_header(header) THEN
+            RETURN format('header %s is reserved: the broker or the worker sets it', quote_literal(header));
+        END IF;
+        IF size > 8192 THEN
+            RETURN format('header %s has %s bytes, at most 8192 (limit max_header_bytes)',
+                          quote_literal(left(header, 64)), size);
+        END IF;
+        total := total + size;
+    END LOOP;
+    IF total > 32768 THEN
+        RETURN format('the headers have %s bytes, at most 32768 (limit max_headers_bytes)', total);
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Whether pgmb.message_problem finds nothing, its cheap part inline: the routing trigger
+-- tests every message with it, and most have no headers.
+CREATE OR REPLACE FUNCTION pgmb.acceptable_message(body jsonb, headers jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT NOT jsonb_path_exists(body, 'strict $.**{64} ? (@.type() == "object" || @.type() == "array")')
+             AND (headers = '{}'::jsonb OR pgmb.message_problem(body, headers) IS NULL) $$;
+
+-- The refusal of a row of pgmb_message that the routing trigger's checks reject: its
+-- routing key (pgmb.refuse_routing_key), or its body or headers, raised as a CHECK
+-- violation of pgmb_message_body_valid or pgmb_message_headers_valid naming the limit.
+CREATE OR REPLACE FUNCTION pgmb.refuse_message(message_id uuid, routing_key text, body jsonb, headers jsonb)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text;
+BEGIN
+    IF NOT coalesce(pgmb.valid_routing_key(routing_key), false) THEN
+        PERFORM pgmb.refuse_routing_key(routing_key);
+    END IF;
+    problem := pgmb.message_problem(body, headers);
+    RAISE EXCEPTION 'message % refused by %: %', message_id,
+            CASE WHEN starts_with(problem, 'the body') THEN 'pgmb_message_body_valid' ELSE 'pgmb_message_headers_valid' END,
+            problem
+        USING ERRCODE = 'check_violation', TABLE = 'pgmb_message',
+              CONSTRAINT = CASE WHEN starts_with(problem, 'the body') THEN 'pgmb_message_body_valid'
+                                ELSE 'pgmb_message_headers_valid' END;
+END $$;
+
+-- The messages that a message with this dedup id, created then, duplicates for a queue of
+-- this dedup window and pattern: those with the same dedup id, created within the window,
+-- whose routing key the queue's binding matches. De-duplication is per queue
+-- (docs/decisions/0032-dedup-per-queue.md): a message sent elsewhere suppresses nothing.
+CREATE OR REPLACE FUNCTION pgmb.duplicated(dedup_window float8, pattern text, message_id uuid,
+                                           dedup_id text, created_at timestamptz)
+RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
-    SELECT m.id FROM pgmb_message m WHERE m.dedup_id = deduplicated.dedup_id
-    ORDER BY m.created_at DESC, m.id DESC LIMIT 1
+    SELECT x.id FROM pgmb_message x
+    WHERE duplicated.dedup_window > 0
+      AND x.dedup_id = duplicated.dedup_id AND x.id <> duplicated.message_id
+      AND x.created_at > duplicated.created_at - duplicated.dedup_window * interval '1 second'
+      AND ('.' || x.routing_key) ~ duplicated.pattern
+$$;
+
+-- The message a duplicate was dropped for: the newest with this dedup id that one of the
+-- queues of the duplicate's routing key matches (pgmb.duplicated).
+CREATE OR REPLACE FUNCTION pgmb.deduplicated(dedup_id text, routing_key text) RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT x.id FROM pgmb_message x
+    WHERE x.dedup_id = deduplicated.dedup_id
+      AND EXISTS (SELECT FROM pgmb_queue q
+                  WHERE q.binding_tags <@ pgmb.key_tags(deduplicated.routing_key)
+                    AND ('.' || deduplicated.routing_key) ~ q.pattern
+                    AND ('.' || x.routing_key) ~ q.pattern)
+    ORDER BY x.created_at DESC, x.id DESC LIMIT 1
 $$;
 
 -- Before each message with dependencies or a de-duplication id is stored (the admit_message
 -- trigger's WHEN): enforces the options rule (as the check pgmb_message_options_valid,
 -- with that name), refuses unknown dependencies, and returns NULL (the row is not stored)
--- for a duplicate: a message with the same dedup id published within the dedup window of a
--- queue that this one's routing key matches (the longest window of those queues; the
--- candidate queues found by their tags). Rows published earlier in the same statement are
--- visible here.
+-- for a message that duplicates one for every queue its routing key matches
+-- (pgmb.duplicated; the candidate queues found by their tags). A message that
+-- duplicates for some of its queues only is stored, and the routing trigger leaves those
+-- queues out. Rows published earlier in the same statement are visible here.
 CREATE OR REPLACE FUNCTION pgmb.admit_message(m pgmb_message) RETURNS pgmb_message
 LANGUAGE plpgsql AS $$
 DECLARE
     missing uuid;
-    window_seconds float8;
+    created timestamptz := coalesce(m.created_at, now());
     problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
                                                  m.dedup_id, m.max_retries, m.retry_delay);
 BEGIN
@@ -122,13 +229,12 @@ BEGIN
     IF m.dedup_id IS NOT NULL THEN
         -- Concurrent publishers of one dedup id take turns; the second sees the first.
         PERFORM pg_advisory_xact_lock(hashtextextended('pgmb dedup ' || m.dedup_id, 0));
-        SELECT max(q.dedup_window) INTO window_seconds FROM pgmb_queue q
-        WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key)
-          AND ('.' || m.routing_key) ~ q.pattern;
-        IF window_seconds > 0 AND EXISTS (
-            SELECT FROM pgmb_message x
-            WHERE x.dedup_id = m.dedup_id AND x.id <> m.id
-              AND x.created_at > coalesce(m.created_at, now()) - window_seconds * interval '1 second') THEN
+        IF EXISTS (SELECT FROM pgmb_queue q
+                   WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern)
+           AND NOT EXISTS (SELECT FROM pgmb_queue q
+                           WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
+                             AND NOT EXISTS (SELECT FROM pgmb.duplicated(q.dedup_window, q.pattern, m.id,
+                                                                         m.dedup_id, created))) THEN
             RETURN NULL;
         END IF;
     END IF;
@@ -242,8 +348,8 @@ END $$;
 -- The SQL API of publishing: pgmb.send(id, routing_key, body, headers, delay, priority =>,
 -- group_key =>, depends_on =>, dedup_id =>, max_retries =>, retry_delay =>), which every
 -- shorter form calls. Acts for its caller (SECURITY DEFINER, set at the end of this file):
--- the caller needs pgmb_producer. Returns the message's id, or for a duplicate the id of
--- the message it duplicates.
+-- the caller needs pgmb_producer. Returns the message's id, or for a message dropped as a
+-- duplicate for every queue of its key the id of the message it duplicates.
 CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -292,7 +398,7 @@ BEGIN
             USING ERRCODE = 'unique_violation',
                   HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
     END IF;
-    RETURN coalesce(stored, pgmb.deduplicated(send.dedup_id));
+    RETURN coalesce(stored, pgmb.deduplicated(send.dedup_id, send.routing_key));
 END $$;
 
 -- pgmb.send with a delay in whole seconds (checked by pgmb.check_delay).

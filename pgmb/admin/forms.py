@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from ..endpoints import keep_credentials, mask_credentials
+from ..endpoint_masking import keep_credentials, mask_credentials
 from ..models import Worker
 
 

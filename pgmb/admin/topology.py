@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .. import metrics, routing
-from ..endpoints import mask_credentials
+from ..endpoint_masking import mask_credentials
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Queue, Worker
 from . import breakers, dead_letters, health, pausing, worker_test

@@ -39,7 +39,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .. import endpoint_policy
-from ..endpoints import mask_credentials
+from ..endpoint_masking import mask_credentials
 from ..models import Worker
 from ..worker_request import build_headers
 

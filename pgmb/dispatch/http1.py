@@ -57,7 +57,7 @@ from urllib.parse import quote, unquote, urlsplit
 import httptools
 
 from .. import endpoint_policy
-from ..endpoints import mask_credentials
+from ..endpoint_masking import mask_credentials
 
 #: Body bytes read past what the caller keeps, to reuse the connection; beyond, it closes.
 DRAIN_LIMIT = 1 << 20

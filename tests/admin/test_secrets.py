@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 import pgmb
-from pgmb.endpoints import keep_credentials, mask_credentials
+from pgmb.endpoint_masking import keep_credentials, mask_credentials
 from pgmb.models import Attempt, DeadLetter, Worker
 
 from .conftest import form_errors, table_rows, url

@@ -1,4 +1,4 @@
-"""One masking, two sides: :func:`pgmb.endpoints.mask_credentials` (the admin, the
+"""One masking, two sides: :func:`pgmb.endpoint_masking.mask_credentials` (the admin, the
 dispatcher's errors and logs) and ``pgmb.mask_credentials`` (the view ``pgmb.workers``)
 show every endpoint alike, one table of cases run through both."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from pgmb.endpoints import mask_credentials
+from pgmb.endpoint_masking import mask_credentials
 from pgmb.models import validate_endpoint
 
 pytestmark = pytest.mark.django_db

@@ -581,7 +581,7 @@ END $$;
 -- An endpoint as it may be shown: the user name and password of the URL each replaced by
 -- *** ('***:***' with a password, '***' without; the last '@' before the path ends them),
 -- the scheme in lower case; a URL without them as it is. The masking of
--- pgmb.endpoints.mask_credentials (tests/rules/test_credentials_mask.py: one table of
+-- pgmb.endpoint_masking.mask_credentials (tests/rules/test_credentials_mask.py: one table of
 -- cases for both; docs/decisions/0028-secrets-stay-secret-in-the-admin.md).
 CREATE OR REPLACE FUNCTION pgmb.mask_credentials(url text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$

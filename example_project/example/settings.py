@@ -110,4 +110,8 @@ PGMB = {
     # pgmb_dispatch vacuums pgmb_delivery each time it has drained its work, once it claimed
     # this many deliveries since its last vacuum (0: never; autovacuum alone).
     "HOUSEKEEPING_VACUUM_EVERY": 1000,
+    # The networks endpoints may reach, checked on the address connected to: the demo's
+    # workers are served on loopback, which the default allows (it refuses link-local). For
+    # endpoints registered by untrusted users: pgmb.conf.UNTRUSTED_ENDPOINTS.
+    "ENDPOINT_POLICY": {"allow": [], "deny": ["169.254.0.0/16", "fe80::/10"]},
 }

@@ -74,13 +74,8 @@ def check_in_database_dispatch(
     not before every command. Only warnings: ``manage.py pgmb_dispatch`` works without any
     of it. Silence them with ``SILENCED_SYSTEM_CHECKS`` if you dispatch only from Python.
     """
-    alias = conf.get().DATABASE
-    if (
-        not databases
-        or alias not in databases
-        or alias not in settings.DATABASES
-        or connections[alias].vendor != "postgresql"
-    ):
+    alias = _database_alias(databases)
+    if alias is None:
         return []
     try:
         with connections[alias].cursor() as cursor:

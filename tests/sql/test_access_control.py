@@ -10,48 +10,17 @@ trusts local connections), committed, as another program's would be.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 
 from pgmb import access
-from pgmb.db.conninfo import conninfo_from_django
 from pgmb.errors import AccessDenied, UnknownObject
 from pgmb.models import Delivery, Message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SEND = "SELECT pgmb.send(gen_random_uuid(), 'order.created', '{}'::jsonb)"
-
-
-@pytest.fixture
-def owner() -> Iterator[psycopg.Connection]:
-    """A session of the application's role (the tables' owner)."""
-    with psycopg.connect(**conninfo_from_django("default"), autocommit=True) as conn:
-        yield conn
-
-
-@pytest.fixture
-def login_role(owner) -> Iterator[Callable[..., tuple[str, psycopg.Connection]]]:
-    """Make a login role and a session of it; both are gone after the test."""
-    made: list[tuple[str, psycopg.Connection]] = []
-
-    def make(*member_of: str) -> tuple[str, psycopg.Connection]:
-        name = f"r_{uuid.uuid4().hex[:12]}"
-        owner.execute(f"CREATE ROLE {name} LOGIN")
-        for group in member_of:
-            owner.execute(f"GRANT {group} TO {name}")
-        params = conninfo_from_django("default") | {"user": name}
-        conn = psycopg.connect(**params, autocommit=True)
-        made.append((name, conn))
-        return name, conn
-
-    yield make
-    for name, conn in made:
-        conn.close()
-        owner.execute(f"DROP OWNED BY {name}")
-        owner.execute(f"DROP ROLE {name}")
 
 
 def _denied(conn: psycopg.Connection, statement: str, *params, match: str) -> None:

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from pgmb.db.conninfo import conninfo_from_django
+from tests.roles import login_role, owner  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP_ROLES = ("pgmb_producer", "pgmb_consumer", "pgmb_admin")

@@ -13,8 +13,9 @@ SELECT CASE WHEN settings_readable
             WHEN pg_cron_version IS NOT NULL THEN current_database() END AS pg_cron_database,
        pg_cron_version,
        EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_cron') AS pg_cron_available,
-       (SELECT has_schema_privilege(e.extnamespace, 'USAGE') FROM pg_extension e WHERE e.extname = 'pg_cron')
-           AS pg_cron_usable,
+       -- pg_cron's functions are in schema cron (the extension itself is in pg_catalog).
+       (SELECT has_schema_privilege(n.oid, 'USAGE') FROM pg_namespace n
+        WHERE n.nspname = 'cron' AND pg_cron_version IS NOT NULL) AS pg_cron_usable,
        EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http') AS http_extension,
        EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'http') AS http_available,
        EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u') AS plpython_available,

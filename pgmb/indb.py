@@ -143,9 +143,11 @@ def write_endpoint_policy(cursor: Any) -> None:
 
 def install_cron_jobs(cursor: Any) -> str | None:
     """Store the endpoint policy, then schedule pgmb's jobs if pg_cron is installed in this
-    database; say what was done."""
+    database and this role may use it (a managed service's owner role needs USAGE on schema
+    cron from a DBA: the check says so, and migrating goes on); say what was done."""
     write_endpoint_policy(cursor)
-    if capabilities(cursor).pg_cron_version is None:
+    caps = capabilities(cursor)
+    if caps.pg_cron_version is None or not caps.pg_cron_usable:
         return None
     cursor.execute("SELECT pgmb.cron_install()")
     return cursor.fetchone()[0]

@@ -87,6 +87,11 @@ def test_owner_migrates_and_is_told_what_a_dba_runs(group_roles, owned_database,
                 conn.execute("SELECT pgmb.grant_publish_access(%s)", (publisher,))
             with owned.as_superuser() as dba:
                 dba.execute(_dba_sql(_hint(checked, "pgmb.W051")))
+            # The roles are there now, without pgmb's grants until the owner applies them.
+            made = _said(owned.manage("check", "--database", "default"))
+            assert "pgmb.W051" not in made
+            assert f"As {owned.owner}, run: SELECT pgmb.install_access();" in made
+            assert "pgmb.W052" in made
             assert conn.execute("SELECT pgmb.install_access()").fetchone() == ([],)
         elif not may_grant:
             with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:

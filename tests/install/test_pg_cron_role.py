@@ -50,6 +50,10 @@ def test_a_role_without_settings_is_told_to_ask_for_schema_cron(pg_cron, login_r
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("SELECT cron.schedule('pgmb-test-never', %s, 'SELECT 1')", (NEVER,))
 
+    # Migrating as this role goes on (pgmb.0001_initial schedules the jobs where it may).
+    with conn.cursor() as cursor:
+        assert indb.install_cron_jobs(cursor) is None
+
     pg_cron.execute(grant)  # what the DBA runs
     assert checks.pg_cron_warnings(_capabilities(conn)) == []
     [(job,)] = conn.execute("SELECT cron.schedule('pgmb-test-never', %s, 'SELECT 1')", (NEVER,))

@@ -142,7 +142,7 @@ def pg_cron_warnings(caps: indb.Capabilities) -> list[Warning]:
         return [
             Warning(
                 "pg_cron is preloaded for this database but not installed in it.",
-                hint="As a superuser, run 'manage.py pgmb_cron install'. " + dba,
+                hint="Run 'manage.py pgmb_cron install'." if caps.superuser else dba,
                 id="pgmb.W003",
             )
         ]

@@ -35,6 +35,7 @@ class Capabilities:
     database: str
     role: str  # the role asking: the one a DBA grants to
     role_ident: str  # the same, as an SQL identifier (quoted where it must be)
+    superuser: bool
     settings_readable: bool  # superuser or pg_read_all_settings
 
 
@@ -56,7 +57,7 @@ def pg_cron_statements(caps: Capabilities) -> str:
                 "managed service's settings), then"
             )
         steps.append(f"runs in database {caps.database!r}: CREATE EXTENSION pg_cron;")
-    if not caps.pg_cron_usable:
+    if not caps.pg_cron_usable and not caps.superuser:
         steps.append(f"GRANT USAGE ON SCHEMA cron TO {caps.role_ident};")
     return (
         "A DBA "

@@ -24,6 +24,7 @@ SELECT CASE WHEN settings_readable
        current_database() AS database,
        current_user AS role,
        quote_ident(current_user) AS role_ident,
+       current_setting('is_superuser')::boolean AS superuser,
        settings_readable
 FROM (SELECT pg_has_role('pg_read_all_settings', 'USAGE') AS settings_readable,
              (SELECT extversion FROM pg_extension WHERE extname = 'pg_cron') AS pg_cron_version) AS known

@@ -6,10 +6,10 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
-from . import access, conf, indb
+from . import access, conf, group_roles, indb
 
 
 @register(Tags.compatibility)
@@ -85,45 +85,77 @@ def check_in_database_dispatch(
             caps = indb.capabilities(cursor)
     except Exception as exc:  # a check must report, not crash
         return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
-    found: list[Warning] = []
-    if not caps.pg_cron_preloaded:
-        found.append(
-            Warning(
-                "pg_cron is not preloaded: the in-database dispatcher cannot be scheduled.",
-                hint="Set shared_preload_libraries = 'pg_cron' and cron.database_name = "
-                f"'{caps.database}' in postgresql.conf, restart PostgreSQL, then run "
-                "'manage.py pgmb_cron install' (or use 'manage.py pgmb_dispatch').",
-                id="pgmb.W001",
-            )
-        )
-    elif caps.pg_cron_database != caps.database:
-        found.append(
-            Warning(
-                f"pg_cron serves database {caps.pg_cron_database!r}, not {caps.database!r}.",
-                hint=f"Set cron.database_name = '{caps.database}' and restart PostgreSQL.",
-                id="pgmb.W002",
-            )
-        )
-    elif caps.pg_cron_version is None:
-        found.append(
-            Warning(
-                "pg_cron is preloaded for this database but not installed in it.",
-                hint="Run 'manage.py pgmb_cron install'.",
-                id="pgmb.W003",
-            )
-        )
+    found = pg_cron_warnings(caps)
     if caps.transport is None:
         found.append(
             Warning(
                 "No HTTP transport for the in-database dispatcher (neither the http extension "
                 "nor plpython3u).",
-                hint="Install pgsql-http (CREATE EXTENSION http), or PL/Python (Debian: "
-                "postgresql-plpython3-NN) and run 'manage.py pgmb_cron install' as a "
-                "superuser; or dispatch with 'manage.py pgmb_dispatch' instead.",
+                hint=indb.transport_statements(caps),
                 id="pgmb.W004",
             )
         )
     return found
+
+
+def pg_cron_warnings(caps: indb.Capabilities) -> list[Warning]:
+    """What keeps this role from scheduling the in-database dispatcher with pg_cron; read
+    from the catalogs, and from the server's settings only where the role may read them."""
+    dba = indb.pg_cron_statements(caps)
+    if caps.pg_cron_version is None and not caps.pg_cron_available:
+        return [
+            Warning(
+                "pg_cron is not available on this server: the in-database dispatcher cannot "
+                "be scheduled.",
+                hint="Dispatch with 'manage.py pgmb_dispatch', which needs nothing but this "
+                "role; or install pg_cron on the server (docs/in-database.md).",
+                id="pgmb.W001",
+            )
+        ]
+    if caps.pg_cron_preloaded is None:
+        return [
+            Warning(
+                f"pg_cron is not installed in database {caps.database!r}, and role "
+                f"{caps.role!r} may not read whether it is preloaded for it "
+                "(shared_preload_libraries, cron.database_name).",
+                hint=dba,
+                id="pgmb.W001",
+            )
+        ]
+    if not caps.pg_cron_preloaded:
+        return [
+            Warning(
+                "pg_cron is not preloaded: the in-database dispatcher cannot be scheduled.",
+                hint=dba,
+                id="pgmb.W001",
+            )
+        ]
+    if caps.pg_cron_database != caps.database:
+        return [
+            Warning(
+                f"pg_cron serves database {caps.pg_cron_database!r}, not {caps.database!r}.",
+                hint=dba,
+                id="pgmb.W002",
+            )
+        ]
+    if caps.pg_cron_version is None:
+        return [
+            Warning(
+                "pg_cron is preloaded for this database but not installed in it.",
+                hint="Run 'manage.py pgmb_cron install'." if caps.superuser else dba,
+                id="pgmb.W003",
+            )
+        ]
+    if not caps.pg_cron_usable:
+        return [
+            Warning(
+                f"Role {caps.role!r} may not use pg_cron (schema cron): the in-database "
+                "dispatcher cannot be scheduled.",
+                hint=dba,
+                id="pgmb.W050",
+            )
+        ]
+    return []
 
 
 def _database_alias(databases: Any) -> str | None:
@@ -172,6 +204,56 @@ def check_writable_schemas(
             id="pgmb.W006",
         )
     ]
+
+
+@register(Tags.database)
+def check_group_roles(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """What keeps other programs' roles from being given pgmb's group roles: roles the
+    migrating role could not create (no CREATEROLE), roles made after migrating, roles it
+    may not hand out (no ADMIN OPTION: since PostgreSQL 16, CREATEROLE alone is not
+    enough). Warnings: the application itself needs none of them."""
+    alias = _database_alias(databases)
+    if alias is None:
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT to_regprocedure('pgmb.group_roles()') IS NOT NULL")
+            if not cursor.fetchone()[0]:
+                return []  # not migrated yet: migrate reports that
+            state = group_roles.role_state(cursor)
+    except Exception as exc:  # a check must report, not crash
+        return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
+    found = []
+    if missing := state.missing():
+        found.append(
+            Warning(
+                f"The roles {', '.join(missing)} do not exist, and role {state.owner} may not "
+                "create them: no other role can be given pgmb's access.",
+                hint=state.create_statements(),
+                id="pgmb.W051",
+            )
+        )
+    if not_applied := state.not_applied():
+        found.append(
+            Warning(
+                f"The roles {', '.join(not_applied)} were made after pgmb was migrated: they "
+                "lack pgmb's grants.",
+                hint=f"As {state.owner}, run: SELECT pgmb.install_access();",
+                id="pgmb.W052",
+            )
+        )
+    if not_grantable := state.not_grantable():
+        found.append(
+            Warning(
+                f"Role {state.owner} may not grant {', '.join(not_grantable)}: "
+                "pgmb.grant_publish_access and pgmb.grant_queue_access are refused.",
+                hint=state.admin_option_statement(),
+                id="pgmb.W053",
+            )
+        )
+    return found
 
 
 @register(Tags.database)
@@ -233,3 +315,20 @@ def check_in_database_endpoint_policy(
             id="pgmb.W040",
         )
     ]
+
+
+def database_warnings(alias: str) -> list[CheckMessage]:
+    """The findings of pgmb's database checks on database ``alias`` (pgmb's), but those
+    silenced by SILENCED_SYSTEM_CHECKS: what ``migrate`` reports once pgmb is in it."""
+    found: list[CheckMessage] = []
+    for check in (
+        check_server,
+        check_in_database_dispatch,
+        check_group_roles,
+        check_writable_schemas,
+        check_http_extension,
+        check_in_database_endpoint_policy,
+    ):
+        found += check(databases=[alias])
+    silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", []))
+    return [m for m in found if m.id not in silenced]

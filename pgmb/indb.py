@@ -18,22 +18,76 @@ from . import conf, sql
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the in-database path can use in one database."""
+    """What the in-database path can use in one database, read without privileges: a role
+    that may not read the server's settings (a managed service's owner role) gets None
+    where they alone would tell."""
 
-    pg_cron_preloaded: bool
+    pg_cron_preloaded: bool | None  # None: not installed here, and the settings unreadable
     pg_cron_database: str | None  # cron.database_name: the one database pg_cron serves
     pg_cron_version: str | None  # installed here (CREATE EXTENSION pg_cron), else None
+    pg_cron_available: bool  # the server has pg_cron's files (pg_available_extensions)
+    pg_cron_usable: bool | None  # the role may use schema cron (None: pg_cron not here)
     http_extension: bool
+    http_available: bool  # the server has pgsql-http's files
     plpython_available: bool  # the language can be created (its files are installed)
     plpython_installed: bool
     transport: str | None  # what pgmb.post() uses: 'http', 'plpython3u' or None
     database: str
+    role: str  # the role asking: the one a DBA grants to
+    role_ident: str  # the same, as an SQL identifier (quoted where it must be)
+    superuser: bool
+    settings_readable: bool  # superuser or pg_read_all_settings
 
 
 def capabilities(cursor: Any) -> Capabilities:
     cursor.execute(sql.query("indb.sql", "capabilities"))
     names = [column.name for column in cursor.description]
     return Capabilities(**dict(zip(names, cursor.fetchone(), strict=True)))
+
+
+def pg_cron_statements(caps: Capabilities) -> str:
+    """What a DBA does so that this role may schedule pgmb's jobs with pg_cron here, and
+    what the role runs then."""
+    steps = []
+    if caps.pg_cron_version is None:
+        if caps.pg_cron_preloaded is not True or caps.pg_cron_database != caps.database:
+            steps.append(
+                "preloads pg_cron (shared_preload_libraries) with cron.database_name = "
+                f"'{caps.database}' and restarts PostgreSQL (docs/operations.md names each "
+                "managed service's settings), then"
+            )
+        steps.append(f"runs in database {caps.database!r}: CREATE EXTENSION pg_cron;")
+    if not caps.pg_cron_usable and not caps.superuser:
+        steps.append(f"GRANT USAGE ON SCHEMA cron TO {caps.role_ident};")
+    return (
+        "A DBA "
+        + " ".join(steps)
+        + " Then run 'manage.py pgmb_cron install'; or dispatch with 'manage.py "
+        "pgmb_dispatch', which needs nothing but this role."
+    )
+
+
+def transport_statements(caps: Capabilities) -> str:
+    """What a DBA runs so that the in-database loop has an HTTP transport here."""
+    offers = [
+        statement
+        for statement, available in (
+            ("CREATE EXTENSION plpython3u; (PL/Python)", caps.plpython_available),
+            ("CREATE EXTENSION http; (pgsql-http)", caps.http_available),
+        )
+        if available
+    ]
+    if not offers:
+        return (
+            "This server offers neither PL/Python (plpython3u; Debian: "
+            "postgresql-plpython3-NN) nor pgsql-http (http): dispatch with "
+            "'manage.py pgmb_dispatch', which needs nothing but this role."
+        )
+    return (
+        f"A DBA (a superuser) runs in database {caps.database!r}: {' or '.join(offers)} "
+        "then 'manage.py pgmb_cron install'; or dispatch with 'manage.py pgmb_dispatch', "
+        "which needs nothing but this role."
+    )
 
 
 def install_plpython_transport(cursor: Any, script: str | None = None) -> bool:
@@ -90,9 +144,11 @@ def write_endpoint_policy(cursor: Any) -> None:
 
 def install_cron_jobs(cursor: Any) -> str | None:
     """Store the endpoint policy, then schedule pgmb's jobs if pg_cron is installed in this
-    database; say what was done."""
+    database and this role may use it (a managed service's owner role needs USAGE on schema
+    cron from a DBA: the check says so, and migrating goes on); say what was done."""
     write_endpoint_policy(cursor)
-    if capabilities(cursor).pg_cron_version is None:
+    caps = capabilities(cursor)
+    if caps.pg_cron_version is None or not caps.pg_cron_usable:
         return None
     cursor.execute("SELECT pgmb.cron_install()")
     return cursor.fetchone()[0]

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections, transaction
 
-from pgmb import conf, indb, sql
+from pgmb import checks, conf, indb, sql
 from pgmb.db.error_text import first_line
 
 
@@ -40,17 +40,10 @@ class Command(BaseCommand):
         if caps.transport is None:
             indb.install_plpython_transport(cursor)
         if caps.pg_cron_version is None:
-            if not caps.pg_cron_preloaded:
-                raise CommandError(
-                    "pg_cron is not preloaded: add shared_preload_libraries = 'pg_cron' and "
-                    f"cron.database_name = '{caps.database}' to postgresql.conf, then restart"
-                )
-            if caps.pg_cron_database != caps.database:
-                raise CommandError(
-                    f"pg_cron serves database {caps.pg_cron_database!r}, not {caps.database!r}: "
-                    f"set cron.database_name = '{caps.database}' and restart PostgreSQL"
-                )
-            cursor.execute(sql.query("indb.sql", "create_pg_cron"))
+            self.create_pg_cron(cursor, caps)
+            caps = indb.capabilities(cursor)
+        if problems := checks.pg_cron_warnings(caps):  # pg_cron here, but not for this role
+            raise CommandError(f"{problems[0].msg} {problems[0].hint}")
         cursor.execute("SELECT pgmb.cron_install(%s)", (batch,))
         self.stdout.write(f"scheduled {cursor.fetchone()[0]}")
         transport = indb.capabilities(cursor).transport
@@ -62,6 +55,25 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"HTTP transport: {transport}")
 
+    def create_pg_cron(self, cursor: Any, caps: indb.Capabilities) -> None:
+        """CREATE EXTENSION pg_cron where it is preloaded for this database, or where this
+        role may not read whether it is (pg_cron's own script then says); else, and when
+        this role may not create it, an error that says what a DBA runs."""
+        if (
+            not caps.pg_cron_available
+            or caps.pg_cron_preloaded is False
+            or (caps.pg_cron_preloaded and caps.pg_cron_database != caps.database)
+        ):
+            problem = checks.pg_cron_warnings(caps)[0]
+            raise CommandError(f"{problem.msg} {problem.hint}")
+        try:
+            cursor.execute(sql.query("indb.sql", "create_pg_cron"))
+        except DatabaseError as exc:
+            raise CommandError(
+                f"pg_cron could not be created in database {caps.database!r} "
+                f"({first_line(exc.__cause__ or exc)}). {indb.pg_cron_statements(caps)}"
+            ) from exc
+
     def uninstall(self, cursor: Any, batch: int) -> None:
         cursor.execute("SELECT pgmb.cron_uninstall()")
         self.stdout.write(f"unscheduled {cursor.fetchone()[0]} job(s)")
@@ -69,11 +81,23 @@ class Command(BaseCommand):
     def status(self, cursor: Any, batch: int) -> None:
         caps = indb.capabilities(cursor)
         write = self.stdout.write
+        unreadable = f"unknown (role {caps.role} may not read it: pg_read_all_settings)"
         write(f"database: {caps.database}")
-        write(f"pg_cron preloaded: {'yes' if caps.pg_cron_preloaded else 'no'}")
-        write(f"pg_cron database (cron.database_name): {caps.pg_cron_database or '-'}")
+        write(f"pg_cron available on the server: {'yes' if caps.pg_cron_available else 'no'}")
+        write(
+            "pg_cron preloaded: "
+            + {True: "yes", False: "no", None: unreadable}[caps.pg_cron_preloaded]
+        )
+        write(
+            "pg_cron database (cron.database_name): "
+            + (caps.pg_cron_database or ("-" if caps.settings_readable else unreadable))
+        )
         write(f"pg_cron version here: {caps.pg_cron_version or 'not installed'}")
+        if caps.pg_cron_version is not None:
+            write(f"schema cron usable by {caps.role}: {'yes' if caps.pg_cron_usable else 'no'}")
         write(f"HTTP transport: {caps.transport or 'none (install http or plpython3u)'}")
+        for problem in checks.pg_cron_warnings(caps):
+            write(f"to do: {problem.hint}")
         if caps.pg_cron_version is None:
             return
         cursor.execute(sql.query("indb.sql", "cron_jobs"))

@@ -3258,8 +3258,11 @@ END $$;
 -- Access control (docs/access.md): the roles pgmb_producer, pgmb_consumer and pgmb_admin,
 -- queue grants, and the checks of the functions that act for their caller.
 
--- Roles are the cluster's: without CREATEROLE a DBA creates them, then runs
--- SELECT pgmb.install_access(); (docs/access.md).
+-- Roles are the cluster's: without CREATEROLE (a managed service's owner role) a DBA
+-- creates them, then runs SELECT pgmb.install_access(); (docs/access.md). Migrating goes on
+-- without them: `migrate` and `manage.py check` say what the DBA runs (pgmb.group_roles).
+-- Since PostgreSQL 16 the role that creates them gets ADMIN OPTION on them, so it may hand
+-- them out (pgmb.set_membership).
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_producer') THEN
@@ -3273,8 +3276,37 @@ BEGIN
     END IF;
 EXCEPTION WHEN insufficient_privilege THEN
     RAISE NOTICE 'pgmb: the roles pgmb_producer, pgmb_consumer and pgmb_admin were not created (%)',
-                 SQLERRM;
+                 SQLERRM
+        USING HINT = 'manage.py check --database default names the statements a DBA runs (docs/access.md).';
 END $$;
+
+-- Whether the current role may grant group_role (an existing role's oid) to other roles:
+-- a superuser, or a role with ADMIN OPTION on it; before PostgreSQL 16, also a CREATEROLE
+-- role, for a role that is not a superuser. Since 16, CREATEROLE alone no longer suffices
+-- for a role it did not create. Reads only the catalogs.
+CREATE OR REPLACE FUNCTION pgmb.may_grant_role(group_role oid) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pg_has_role(current_user, group_role, 'MEMBER WITH ADMIN OPTION')
+        OR (current_setting('server_version_num')::integer < 160000
+            AND EXISTS (SELECT FROM pg_roles me WHERE me.rolname = current_user AND me.rolcreaterole)
+            AND NOT EXISTS (SELECT FROM pg_roles g WHERE g.oid = group_role AND g.rolsuper))
+$$;
+
+-- The three group roles as the current role (the owner) sees them: whether each exists,
+-- whether pgmb's grants were given to it (pgmb.apply_access: a direct grant on schema
+-- pgmb), and whether the current role may hand it out (pgmb.may_grant_role). What
+-- `manage.py check` reports, with the statements a DBA runs.
+CREATE OR REPLACE FUNCTION pgmb.group_roles()
+RETURNS TABLE (role_name name, present boolean, applied boolean, grantable boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT g.name, r.oid IS NOT NULL,
+           r.oid IS NOT NULL AND EXISTS (SELECT FROM pg_namespace n, aclexplode(n.nspacl) a
+                                         WHERE n.nspname = 'pgmb' AND a.grantee = r.oid),
+           r.oid IS NOT NULL AND pgmb.may_grant_role(r.oid)
+    FROM unnest('{pgmb_producer,pgmb_consumer,pgmb_admin}'::name[]) WITH ORDINALITY AS g(name, n)
+    LEFT JOIN pg_roles r ON r.rolname = g.name
+    ORDER BY g.n
+$$;
 
 -- Every role may call into pgmb, so that a refusal is pgmb's own error, which says what
 -- grant is missing. The functions that act for a role check it; the others run with the
@@ -3391,7 +3423,9 @@ BEGIN
 END $$;
 
 -- Membership of a group role is changed by the function's owner: the application's role,
--- which created the roles (or got ADMIN OPTION on them from a DBA).
+-- which created the roles (or got ADMIN OPTION on them from a DBA). Refused with the
+-- statement a DBA runs where it may not (PostgreSQL 16+ with CREATEROLE alone, roles a DBA
+-- made), before anything is written.
 CREATE OR REPLACE FUNCTION pgmb.set_membership(group_role name, role_name name, member boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -3402,6 +3436,12 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = role_name) THEN
         RAISE EXCEPTION 'role % does not exist', quote_ident(role_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    IF NOT pgmb.may_grant_role((SELECT oid FROM pg_roles WHERE rolname = group_role)) THEN
+        RAISE EXCEPTION 'pgmb: role % may not grant or revoke %', quote_ident(current_user), group_role
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('A DBA (a superuser, or a role with ADMIN OPTION on %1$s) runs: GRANT %1$s TO %2$I WITH ADMIN OPTION;',
+                                group_role, current_user);
     END IF;
     IF member THEN
         EXECUTE format('GRANT %I TO %I', group_role, role_name);

@@ -29,3 +29,7 @@ JOIN pg_proc p ON p.oid = d.objid,
      aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
 WHERE e.extname = %(extension)s AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'
 ORDER BY 1
+
+-- name: group_roles
+SELECT g.role_name::text, g.present, g.applied, g.grantable, quote_ident(current_user) AS owner
+FROM pgmb.group_roles() g

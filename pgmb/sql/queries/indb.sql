@@ -1,15 +1,33 @@
 -- Questions the in-database path asks of a database (pgmb/indb.py).
 
 -- name: capabilities
-SELECT 'pg_cron' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))
-           AS pg_cron_preloaded,
-       current_setting('cron.database_name', true) AS pg_cron_database,
-       (SELECT extversion FROM pg_extension WHERE extname = 'pg_cron') AS pg_cron_version,
+-- Reads only what every role may read: the catalogs, and the settings pg_cron depends on
+-- where the role may read them (a superuser, a member of pg_read_all_settings). For any
+-- other role (a managed service's owner role) pg_cron_preloaded and pg_cron_database are
+-- known only where pg_cron is installed here, which it can be only where it is preloaded
+-- for this database; else NULL: unknown.
+SELECT CASE WHEN settings_readable
+            THEN 'pg_cron' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))
+            WHEN pg_cron_version IS NOT NULL THEN true END AS pg_cron_preloaded,
+       CASE WHEN settings_readable THEN current_setting('cron.database_name', true)
+            WHEN pg_cron_version IS NOT NULL THEN current_database() END AS pg_cron_database,
+       pg_cron_version,
+       EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_cron') AS pg_cron_available,
+       -- pg_cron's functions are in schema cron (the extension itself is in pg_catalog).
+       (SELECT has_schema_privilege(n.oid, 'USAGE') FROM pg_namespace n
+        WHERE n.nspname = 'cron' AND pg_cron_version IS NOT NULL) AS pg_cron_usable,
        EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'http') AS http_extension,
+       EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'http') AS http_available,
        EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u') AS plpython_available,
        EXISTS (SELECT 1 FROM pg_language WHERE lanname = 'plpython3u') AS plpython_installed,
        pgmb.http_transport() AS transport,
-       current_database() AS database
+       current_database() AS database,
+       current_user AS role,
+       quote_ident(current_user) AS role_ident,
+       current_setting('is_superuser')::boolean AS superuser,
+       settings_readable
+FROM (SELECT pg_has_role('pg_read_all_settings', 'USAGE') AS settings_readable,
+             (SELECT extversion FROM pg_extension WHERE extname = 'pg_cron') AS pg_cron_version) AS known
 
 -- name: create_plpython
 CREATE EXTENSION IF NOT EXISTS plpython3u

@@ -54,10 +54,10 @@ def check_server(app_configs: Any = None, databases: Any = None, **kwargs: Any) 
     if not databases or alias not in databases or connections[alias].vendor != "postgresql":
         return []
     version = connections[alias].cursor().connection.info.server_version
-    if version < 130000:
+    if version < 140000:
         return [
             Error(
-                f"pgmb needs PostgreSQL 13 or later; the server is {version // 10000}.",
+                f"pgmb needs PostgreSQL 14 or later; the server is {version // 10000}.",
                 id="pgmb.E005",
             )
         ]

@@ -1,8 +1,10 @@
 """Fixtures shared by every layer of tests.
 
-The database is a real PostgreSQL (with pg_cron and plpython3u preloaded) started by
-``scripts/with-cluster.sh``; its test database is kept between runs (``--reuse-db``)
-because pg_cron holds a connection to it.
+The database is a real PostgreSQL started by ``scripts/with-cluster.sh``: Debian's, with
+pg_cron preloaded and plpython3u, or for the core layers another major of ``make test``'s
+matrix, whose build has neither (``needs_pg_cron`` and ``needs_plpython`` skip, saying so).
+Its test database is kept between runs (``--reuse-db``) because pg_cron holds a connection
+to it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
+from pgmb import indb
 from pgmb.models import Queue, Worker
 
 _names = itertools.count(1)
@@ -68,6 +71,32 @@ def sql(db) -> Callable[..., list[tuple]]:
             return cursor.fetchall() if cursor.description else []
 
     return run
+
+
+def _capabilities() -> indb.Capabilities:
+    with connection.cursor() as cursor:
+        return indb.capabilities(cursor)
+
+
+@pytest.fixture
+def needs_pg_cron(db) -> None:
+    """Skip, saying why, where the server does not preload pg_cron."""
+    if not _capabilities().pg_cron_preloaded:
+        pytest.skip(
+            "pg_cron is not preloaded in this server (the builds of make test's version "
+            "matrix have no pg_cron: scripts/fetch_postgres.py)"
+        )
+
+
+@pytest.fixture
+def needs_plpython(db) -> None:
+    """Skip, saying why, where the test database has no plpython3u (the migration creates it
+    where the server can; pgmb's PL/Python transport comes with it)."""
+    if not _capabilities().plpython_installed:
+        pytest.skip(
+            "plpython3u is not in the test database: this server cannot create it (the builds "
+            "of make test's version matrix link it against a Python that is not installed)"
+        )
 
 
 # A real HTTP server on loopback that records requests and answers as scripted.

@@ -31,7 +31,10 @@ def transport(request, pg) -> Iterator[str]:
         ).fetchone()[0]
         if not available:
             pytest.skip("the http stand-in is not installed (tests/pg_http/install.sh, as root)")
-        pg.execute("CREATE EXTENSION IF NOT EXISTS http CASCADE")
+        try:
+            pg.execute("CREATE EXTENSION IF NOT EXISTS http CASCADE")
+        except psycopg.Error as exc:  # the stand-in runs on plpython3u, which may not load
+            pytest.skip(f"the http extension cannot be created on this server: {exc}")
     else:
         pg.execute("DROP EXTENSION IF EXISTS http")
         if pg.execute("SELECT pgmb.http_transport()").fetchone()[0] != "plpython3u":

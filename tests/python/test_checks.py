@@ -85,7 +85,7 @@ def test_server_check_passes_on_postgres_15():
 
 
 @pytest.mark.django_db
-def test_in_database_dispatch_checks_say_what_is_missing(sql):
+def test_in_database_dispatch_checks_say_what_is_missing(sql, needs_pg_cron, needs_plpython):
     from pgmb.checks import check_in_database_dispatch
 
     assert check_in_database_dispatch() == []  # only with --database

@@ -18,7 +18,7 @@ DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chr
 # directly, reads them here). scripts/test-matrix.sh says which PostgreSQL ran what.
 # In the suite's own (alphabetical) order: some transactional tests leave a queue's views
 # behind, which tests/admin/test_queues.py would see if it ran after them.
-CORE_LAYERS := tests/admin tests/dispatch tests/pull tests/python tests/sql tests/tasks
+CORE_LAYERS := tests/admin tests/dispatch tests/install tests/pull tests/python tests/sql tests/tasks
 PG_MATRIX := 14 18
 
 .PHONY: help deps venv test demo bench lint schema clean

@@ -103,6 +103,10 @@ def h11_verdict(data: bytes) -> Verdict | None:
     encodings = [line for line in lines if line.startswith(b"transfer-encoding:")]
     if encodings and encodings[-1].split(b":", 1)[1].strip() != b"chunked":
         return None  # h11 takes only "chunked"; llhttp reads others to the connection's end
+    if re.search(rb"\n[0-9a-fA-F]{17,}\r?\n", data):
+        # A chunk size past 64 bits: llhttp refuses it, as RFC 9112 7.1 asks a recipient
+        # to guard against overflow; h11 reads it as a Python integer and waits for more.
+        return None
     try:
         while True:
             event = conn.next_event()

@@ -16,8 +16,6 @@ DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chr
 # PG_MATRIX (builds pinned in scripts/fetch_postgres.py, kept in .cache/postgres): a layer
 # added here runs on every major (keep each list on one line: scripts/test-matrix.sh, run
 # directly, reads them here). scripts/test-matrix.sh says which PostgreSQL ran what.
-# In the suite's own (alphabetical) order: some transactional tests leave a queue's views
-# behind, which tests/admin/test_queues.py would see if it ran after them.
 CORE_LAYERS := tests/admin tests/dispatch tests/install tests/pull tests/python tests/sql tests/tasks
 PG_MATRIX := 14 18
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from pgmb import indb
 from pgmb.models import Queue, Worker
@@ -97,6 +97,41 @@ def needs_plpython(db) -> None:
             "plpython3u is not in the test database: this server cannot create it (the builds "
             "of make test's version matrix link it against a Python that is not installed)"
         )
+
+
+#: The views left by queues gone: each queue's pair selects from one of these (views.sql).
+_ORPHAN_QUEUE_VIEWS = """
+SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
+FROM pg_depend d
+JOIN pg_rewrite r ON r.oid = d.objid
+JOIN pg_class c ON c.oid = r.ev_class
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE d.refobjid IN ('pgmb.queue_entries'::regclass, 'pgmb.dead_letter_entries'::regclass)
+  AND c.oid <> d.refobjid
+  AND NOT EXISTS (SELECT 1 FROM pgmb_queue q
+                  WHERE c.relname IN (pgmb.view_base(q.name) || '_queue',
+                                      pgmb.view_base(q.name) || '_dead_letter_queue'))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _queue_views_leave_with_their_queues(request, django_db_blocker) -> Iterator[None]:
+    """A transactional test's database is emptied by TRUNCATE, which fires no trigger: the
+    views of the queues it made would stay for the tests after it to see. Autouse fixtures
+    are torn down last, after the flush, when every such view is an orphan."""
+    yield
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or (
+        marker is not None and marker.kwargs.get("transaction", False)
+    )
+    if not transactional:
+        return
+    databases = (marker.kwargs.get("databases") if marker else None) or ["default"]
+    for alias in connections if databases == "__all__" else databases:
+        with django_db_blocker.unblock(), connections[alias].cursor() as cursor:
+            cursor.execute(_ORPHAN_QUEUE_VIEWS)
+            for (view,) in cursor.fetchall():
+                cursor.execute(f"DROP VIEW IF EXISTS {view}")
 
 
 # A real HTTP server on loopback that records requests and answers as scripted.

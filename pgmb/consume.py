@@ -7,6 +7,8 @@ empty it marks itself waiting, so that publishers notify (``pgmb.wake_dispatcher
 with the same no-lost-wake-up handshake as the external dispatcher
 (``pgmb.dispatcher_idle``, docs/decisions/0008-wake-ups-only-for-waiting-dispatchers.md).
 It also wakes when a message's visibility timeout or backoff runs out (``pgmb.pull_next_visible``).
+Through a transaction pooler (:mod:`pgmb.db.pooler`) there is no LISTEN: it says so when it
+connects, and polls every ``poll_interval`` seconds.
 
 While it holds messages (read, not yet deleted or failed), a thread of its own extends
 their visibility timeout (:class:`pgmb.held_messages.HeldMessages`), so that a handler that
@@ -37,6 +39,7 @@ from typing import Any
 import psycopg
 
 from . import conf, dispatcher_registry, sql
+from .db import pooler
 from .db.backoff import Backoff
 from .db.conninfo import conninfo_from_django
 from .db.reconnecting import WARN_EVERY
@@ -106,6 +109,8 @@ class Consumer:
         self._waiting = False
         self._settled = False
         self._conn: psycopg.Connection[Any] | None = None
+        #: Whether it was said that LISTEN is unavailable (once a process, not each connection).
+        self._said_polling = False
         self._next_beat = 0.0
         #: Created on the first connection, once the visibility timeout is known.
         self._held: HeldMessages | None = None
@@ -130,11 +135,21 @@ class Consumer:
     def _open(self) -> psycopg.Connection[Any]:
         conninfo = conninfo_from_django(self.using)
         try:
-            conn = psycopg.connect(**conninfo, autocommit=True)
+            conn = pooler.connect(conninfo)
         except psycopg.OperationalError as exc:
             raise _Unreachable(exc) from exc
         try:
-            conn.execute(sql.query("dispatcher.sql", "listen"))
+            if not conn.pooled:
+                conn.execute(sql.query("dispatcher.sql", "listen"))
+            elif not self._said_polling:
+                # A LISTEN would stay with a server connection the pooler hands to others.
+                log.warning(
+                    "%s: polling %s every %gs instead (PGMB['DISPATCH_POLL_INTERVAL'])",
+                    pooler.NO_LISTEN,
+                    self.queue,
+                    self.poll_interval,
+                )
+                self._said_polling = True
             # Checks the queue (unknown, or not a pull queue: an error) and gives the
             # default visibility timeout, the queue's lease.
             lease = run_on(conn, queue_lease_call(self.queue))

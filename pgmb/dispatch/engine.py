@@ -174,7 +174,9 @@ class Dispatcher:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
         self._session = new_session(self.options.concurrency)
-        listener = asyncio.create_task(listen(self._conninfo, self._wake))
+        listener = asyncio.create_task(
+            listen(self._conninfo, self._wake, self.options.poll_interval)
+        )
         flusher = asyncio.create_task(self.outcomes.run(self._wake, self._idle))
         gave_up: Unavailable | None = None
         try:

@@ -1,0 +1,189 @@
+"""pgmb through a real PgBouncer in transaction mode (the fixture ``pgbouncer``): the
+dispatcher, a consumer and the Tasks worker deliver everything with no error, and leave
+nothing on the server connections the pooler shares (settings, prepared statements,
+LISTEN, advisory locks)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from io import StringIO
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections
+from django_tasks import TaskResultStatus
+
+import pgmb
+from pgmb.db import pooler
+from pgmb.db.conninfo import conninfo_from_django
+from pgmb.models import Delivery, Queue
+from tests.pooler.conftest import POOL_SIZE, Bouncer
+from tests.processes import StderrLines
+from tests.tasks import jobs
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: What every process must say at start-up through the pooler.
+POLLING = "LISTEN is unavailable there"
+#: Lines no process may write: a statement meeting another client's on a shared server
+#: connection, an engine restarted, anything logged as an error.
+FAULTS = ("prepared statement", "DuplicatePreparedStatement", "bind message", "Traceback")
+
+
+def _pooled_conninfo(bouncer: Bouncer) -> dict:
+    return {**conninfo_from_django("default"), "port": bouncer.port}
+
+
+def _faults(lines: list[str]) -> list[str]:
+    return [line for line in lines if " ERROR " in line or any(f in line for f in FAULTS)]
+
+
+def _left_behind(bouncer: Bouncer) -> list[tuple]:
+    """What each server connection of the pool holds, seen by plain clients: each in a
+    transaction of its own, so that together they hold every server connection."""
+    clients = [
+        psycopg.connect(**bouncer.conninfo(connection.settings_dict["NAME"]))
+        for _ in range(POOL_SIZE)
+    ]
+    try:
+        rows = [
+            client.execute(
+                "SELECT pg_backend_pid(), current_setting('synchronous_commit'),"
+                " current_setting('lock_timeout'),"
+                " (SELECT count(*) FROM pg_listening_channels()),"
+                " (SELECT count(*) FROM pg_prepared_statements)"
+            ).fetchone()
+            for client in clients
+        ]
+    finally:
+        for client in clients:
+            client.close()
+    assert len({row[0] for row in rows}) == POOL_SIZE, rows  # every server connection seen
+    return [row[1:] for row in rows]
+
+
+def _advisory_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        return cursor.fetchone()[0]
+
+
+def _finished(result) -> bool:
+    result.refresh()
+    return result.is_finished
+
+
+def test_conninfo_keeps_the_prepare_threshold_options_give(monkeypatch):
+    settings = connections["default"].settings_dict
+    monkeypatch.setitem(settings, "OPTIONS", {**settings["OPTIONS"], "prepare_threshold": None})
+    with psycopg.connect(**conninfo_from_django("default")) as conn:
+        assert conn.prepare_threshold is None
+    monkeypatch.setitem(settings, "OPTIONS", {**settings["OPTIONS"], "prepare_threshold": 2})
+    with psycopg.connect(**conninfo_from_django("default")) as conn:
+        assert conn.prepare_threshold == 2
+
+
+def test_a_connection_through_pgbouncer_is_known_as_pooled(pgbouncer, monkeypatch):
+    direct = pooler.connect(conninfo_from_django("default"))
+    through = pooler.connect(_pooled_conninfo(pgbouncer))
+    other = pooler.connect(_pooled_conninfo(pgbouncer))
+    try:
+        assert (direct.pooled, through.pooled) == (False, True)
+        # psycopg's default where nothing is shared; none through the pooler.
+        assert (direct.prepare_threshold, through.prepare_threshold) == (5, None)
+        # Two clients running the same statements in turn on shared server connections.
+        for n in range(20):
+            for conn in (through, other):
+                assert conn.execute("SELECT %s::int + 1", [n]).fetchone() == (n + 1,)
+    finally:
+        for conn in (direct, through, other):
+            conn.close()
+    # A threshold the options name is kept, pooler or not (PgBouncer 1.21+ can track them).
+    settings = connections["default"].settings_dict
+    monkeypatch.setitem(settings, "OPTIONS", {**settings["OPTIONS"], "prepare_threshold": 3})
+    with pooler.connect(_pooled_conninfo(pgbouncer)) as conn:
+        assert conn.pooled and conn.prepare_threshold == 3
+
+
+def test_dispatch_pull_and_tasks_through_pgbouncer(
+    pgbouncer, manage_process, recording_server, make_worker, make_queue, tmp_path
+):
+    make_queue("push.#", worker=make_worker(endpoint=recording_server.url()))
+    pull = Queue.objects.create(name="pulled", binding_key="pull.#", worker=None)
+    call_command("pgmb_tasks_worker", "--create-queues", stdout=StringIO())
+    out = tmp_path / "consumed.jsonl"
+    through = {"PGPORT": str(pgbouncer.port), "PGMB_CONSUME_OUT": str(out)}
+    dispatcher = manage_process("pgmb_dispatch", "--poll-interval", "0.1", env=through)
+    consumer = manage_process(
+        "pgmb_consume",
+        pull.name,
+        "--handler",
+        "tests.pull.handlers.record",
+        "--poll-interval",
+        "0.1",
+        "--max-messages",
+        "30",
+        env=through,
+    )
+    worker = manage_process("pgmb_tasks_worker", env=through)
+    logs = {proc: StderrLines(proc) for proc in (dispatcher, consumer, worker)}
+    for proc, lines in logs.items():
+        wait_until(
+            lambda lines=lines: lines.has(POLLING),
+            message=lambda proc=proc, lines=lines: f"{proc.args} to say so: {lines.lines}",
+        )
+
+    # Published once all three poll: no NOTIFY wakes them, the poll does.
+    pgmb.send_batch(("push.x", {"n": n}) for n in range(150))
+    pgmb.send_batch(("pull.x", {"n": n}) for n in range(30))
+    results = [jobs.add.enqueue(n, 1) for n in range(10)]
+
+    wait_until(
+        lambda: len({r.headers["pgmb-message-id"] for r in recording_server.requests}) >= 150,
+        message=lambda: f"150 deliveries ({len(recording_server.requests)})",
+    )
+    assert consumer.wait(timeout=60) == 0, logs[consumer].lines
+    for result in results:
+        wait_until(lambda result=result: _finished(result), message="the tasks")
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert sorted(r.return_value for r in results) == list(range(1, 11))
+    for proc in (dispatcher, worker):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, logs[proc].lines
+
+    bodies = sorted(json.loads(r.body)["n"] for r in recording_server.requests)
+    assert bodies == list(range(150))  # each once
+    consumed = [json.loads(line)["body"]["n"] for line in out.read_text().splitlines()]
+    assert sorted(consumed) == list(range(30))
+    assert not Delivery.objects.exists()
+    for proc, lines in logs.items():
+        assert _faults(lines.lines) == [], proc.args
+    # Nothing outlived its transaction on the server connections the pooler shares.
+    assert _left_behind(pgbouncer) == [("on", "0", 0, 0)] * POOL_SIZE
+    assert _advisory_locks() == 0
+
+
+def test_housekeeping_through_pgbouncer_is_refused_and_leaves_nothing(pgbouncer, manage_process):
+    through = {"PGPORT": str(pgbouncer.port)}
+    proc = manage_process("pgmb_housekeeping", env=through)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, (out, err)
+    assert "housekeeping needs a direct connection to PostgreSQL" in err
+    assert "--database" in err
+    # A dry run only reads: it is answered.
+    proc = manage_process("pgmb_housekeeping", "--dry-run", env=through)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    assert "pgmb_delivery:" in out
+    assert _left_behind(pgbouncer) == [("on", "0", 0, 0)] * POOL_SIZE
+    assert _advisory_locks() == 0
+
+
+def test_housekeeping_still_runs_directly(manage_process):
+    proc = manage_process("pgmb_housekeeping")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    assert "no index to rebuild" in out

@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 # chromium drives the admin's browser tests; libpostgresql-jdbc-java is Spark's JDBC driver;
 # valgrind counts instructions for bench/instructions.py; openssl makes the TLS tests' certificate.
 DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chromium \
-	libpostgresql-jdbc-java valgrind openssl
+	libpostgresql-jdbc-java valgrind openssl pgbouncer
 
 .PHONY: help deps venv test demo bench lint schema clean
 

@@ -4,6 +4,9 @@ The database is named by the libpq environment variables, so the same settings s
 demo cluster of ``make demo`` and any other PostgreSQL:
 
     PGHOST (127.0.0.1)  PGPORT (5432)  PGUSER (postgres)  PGPASSWORD ()  PGDATABASE (pgmb_demo)
+
+PGHOST and PGPORT may name a PgBouncer in transaction mode: pgmb finds out by itself and
+needs no setting for it (docs/operations.md, "PgBouncer (transaction pooling)").
 """
 
 import os

@@ -42,7 +42,7 @@ from psycopg.rows import class_row
 
 from . import conf, sql
 from .conf import DEFAULT_BLOAT_FACTOR, DEFAULT_MIN_INDEX_BYTES
-from .db.conninfo import conninfo_from_django
+from .db.conninfo import conninfo_from_django, direct_conninfo
 from .db.error_text import first_line
 from .db.pooler import AsyncPoolerAwareConnection, aconnect
 
@@ -60,8 +60,8 @@ class ThroughPooler(Exception):
             "housekeeping needs a direct connection to PostgreSQL, and this one goes through "
             "a transaction pooler (such as PgBouncer): REINDEX CONCURRENTLY and VACUUM "
             "refuse a transaction, so the lock that keeps housekeepers apart would outlive "
-            "it on a pooled server connection. Run manage.py pgmb_housekeeping --database "
-            "with an alias that connects to PostgreSQL directly"
+            "it on a pooled server connection. Give the alias one that connects directly "
+            "(PGMB['DIRECT_DATABASES']), or run manage.py pgmb_housekeeping --database with one"
         )
 
 
@@ -281,11 +281,13 @@ async def avacuum(conninfo: dict[str, Any]) -> bool:
 def housekeep(
     alias: str | None = None, thresholds: Thresholds | None = None, *, dry_run: bool = False
 ) -> Report:
-    """:func:`arun` for a Django database alias (default: ``PGMB['DATABASE']``), blocking.
+    """:func:`arun` for a Django database alias (default: ``PGMB['DATABASE']``; the alias
+    ``PGMB['DIRECT_DATABASES']`` gives it, if any), blocking.
 
     Raises psycopg's error if the database cannot be reached or the lock not asked for,
     :class:`ThroughPooler` through a transaction pooler; everything after that is in the
     report.
     """
-    conninfo = conninfo_from_django(alias or conf.get().DATABASE)
+    alias = alias or conf.get().DATABASE
+    conninfo = direct_conninfo(alias) or conninfo_from_django(alias)
     return asyncio.run(arun(conninfo, thresholds or Thresholds.from_settings(), dry_run=dry_run))

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import connections
 
+from .. import conf
 from .pooler import PREPARE_THRESHOLD
 
 #: Seconds a connection attempt may take unless the settings say otherwise: an unreachable
@@ -28,3 +29,10 @@ def conninfo_from_django(alias: str) -> dict[str, Any]:
         params.pop(PREPARE_THRESHOLD, None)
     params.setdefault("connect_timeout", CONNECT_TIMEOUT)
     return params
+
+
+def direct_conninfo(alias: str) -> dict[str, Any] | None:
+    """The connection arguments of the alias ``PGMB["DIRECT_DATABASES"]`` gives ``alias``
+    (the same database without the pooler: for LISTEN and housekeeping), or None."""
+    direct = conf.get().DIRECT_DATABASES.get(alias)
+    return None if direct is None else conninfo_from_django(direct)

@@ -102,10 +102,16 @@ class Dispatcher:
     (:class:`~.housekeeper.Housekeeper`).
     """
 
-    def __init__(self, conninfo: dict[str, Any], options: Options) -> None:
+    def __init__(
+        self, conninfo: dict[str, Any], options: Options, direct: dict[str, Any] | None = None
+    ) -> None:
+        """``direct``: the same database's connection arguments without the pooler that
+        ``conninfo`` goes through (``PGMB["DIRECT_DATABASES"]``), for LISTEN and
+        housekeeping, which need a session of their own."""
         self.options = options
         self.stats = Stats()
         self._conninfo = conninfo
+        self._session_conninfo = direct or conninfo
         self._stopping = asyncio.Event()
         # Circuit breakers announce their transitions on the connection that made them
         # (a claim, an outcome): logged as they come, no query of their own.
@@ -149,7 +155,7 @@ class Dispatcher:
         self._starts = self.outcomes.starts
         self._pacers: dict[str, Pacer] = {}
         self._housekeeper = Housekeeper(
-            conninfo,
+            self._session_conninfo,
             options.vacuum_every,
             options.housekeeping_interval,
             options.housekeeping_thresholds,
@@ -175,7 +181,7 @@ class Dispatcher:
                 loop.add_signal_handler(sig, self.stop)
         self._session = new_session(self.options.concurrency)
         listener = asyncio.create_task(
-            listen(self._conninfo, self._wake, self.options.poll_interval)
+            listen(self._session_conninfo, self._wake, self.options.poll_interval)
         )
         flusher = asyncio.create_task(self.outcomes.run(self._wake, self._idle))
         gave_up: Unavailable | None = None

@@ -187,3 +187,68 @@ def test_housekeeping_still_runs_directly(manage_process):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, (out, err)
     assert "no index to rebuild" in out
+
+
+def _listening_and_waiting() -> tuple[int, int]:
+    """Connections that LISTEN (directly: none goes through the pooler), and registered
+    processes marked waiting (publishers then NOTIFY)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN pgmb%%'"
+            "         AND datname = current_database()),"
+            "       (SELECT count(*) FROM pgmb_dispatcher WHERE stopped_at IS NULL AND waiting)"
+        )
+        return cursor.fetchone()
+
+
+def test_through_pgbouncer_a_direct_alias_listens_and_housekeeps(
+    pgbouncer, manage_process, recording_server, make_worker, make_queue, tmp_path
+):
+    make_queue("push.#", worker=make_worker(endpoint=recording_server.url()))
+    pull = Queue.objects.create(name="pulled", binding_key="pull.#", worker=None)
+    out = tmp_path / "consumed.jsonl"
+    # PGMB["DIRECT_DATABASES"] = {"default": "direct"}, "direct" the cluster itself.
+    through = {
+        "PGPORT": str(pgbouncer.port),
+        "PGMB_TEST_DIRECT_PORT": connection.settings_dict["PORT"],
+        "PGMB_CONSUME_OUT": str(out),
+    }
+    # Polls an hour apart: only a NOTIFY can wake them.
+    dispatcher = manage_process("pgmb_dispatch", "--poll-interval", "3600", env=through)
+    consumer = manage_process(
+        "pgmb_consume",
+        pull.name,
+        "--handler",
+        "tests.pull.handlers.record",
+        "--poll-interval",
+        "3600",
+        "--max-messages",
+        "2",
+        env=through,
+    )
+    logs = {proc: StderrLines(proc) for proc in (dispatcher, consumer)}
+    wait_until(
+        lambda: _listening_and_waiting() >= (2, 2),
+        message=lambda: f"both to listen and wait ({_listening_and_waiting()}, {logs})",
+    )
+    pgmb.send("push.x", {"n": 1})
+    pgmb.send("pull.x", {"n": 2})
+    pgmb.send("pull.x", {"n": 3})
+    wait_until(lambda: recording_server.requests, message="the push delivery")
+    assert consumer.wait(timeout=60) == 0, logs[consumer].lines
+    dispatcher.send_signal(signal.SIGTERM)
+    assert dispatcher.wait(timeout=60) == 0, logs[dispatcher].lines
+    assert [json.loads(r.body) for r in recording_server.requests] == [{"n": 1}]
+    consumed = sorted(json.loads(line)["body"]["n"] for line in out.read_text().splitlines())
+    assert consumed == [2, 3]
+    for proc, lines in logs.items():
+        assert _faults(lines.lines) == [], proc.args
+        assert not lines.has(POLLING), proc.args
+
+    # Housekeeping through the pooled alias goes to the direct one.
+    proc = manage_process("pgmb_housekeeping", env=through)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (stdout, stderr)
+    assert "no index to rebuild" in stdout
+    assert _left_behind(pgbouncer) == [("on", "0", 0, 0)] * POOL_SIZE
+    assert _advisory_locks() == 0

@@ -252,3 +252,40 @@ def test_through_pgbouncer_a_direct_alias_listens_and_housekeeps(
     assert "no index to rebuild" in stdout
     assert _left_behind(pgbouncer) == [("on", "0", 0, 0)] * POOL_SIZE
     assert _advisory_locks() == 0
+
+
+def test_a_consumer_listens_again_once_its_direct_connection_is_lost(
+    pgbouncer, manage_process, tmp_path
+):
+    pull = Queue.objects.create(name="pulled", binding_key="pull.#", worker=None)
+    out = tmp_path / "consumed.jsonl"
+    through = {
+        "PGPORT": str(pgbouncer.port),
+        "PGMB_TEST_DIRECT_PORT": connection.settings_dict["PORT"],
+        "PGMB_CONSUME_OUT": str(out),
+    }
+    consumer = manage_process(
+        "pgmb_consume",
+        pull.name,
+        "--handler",
+        "tests.pull.handlers.record",
+        "--poll-interval",
+        "3600",
+        "--max-messages",
+        "1",
+        env=through,
+    )
+    lines = StderrLines(consumer)
+    wait_until(lambda: _listening_and_waiting() >= (1, 1), message="the consumer to listen")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE query LIKE 'LISTEN pgmb%%' AND datname = current_database()"
+        )
+    wait_until(lambda: lines.has("reconnected to the database"), message=lambda: lines.lines)
+    # Its first registration is left to age into "gone"; the second one waits too.
+    wait_until(lambda: _listening_and_waiting() >= (1, 2), message="the consumer to listen")
+    pgmb.send("pull.x", {"n": 7})
+    assert consumer.wait(timeout=60) == 0, lines.lines
+    assert [json.loads(line)["body"]["n"] for line in out.read_text().splitlines()] == [7]
+    assert _faults(lines.lines) == []

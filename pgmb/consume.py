@@ -115,6 +115,9 @@ class Consumer:
         #: Through a pooler, the connection to the same database without it that LISTENs
         #: (PGMB["DIRECT_DATABASES"]); None: the reading connection listens, or none does.
         self._listener: psycopg.Connection[Any] | None = None
+        #: No connection LISTENs (through a pooler, without a direct alias): the consumer
+        #: polls, and its row never says it waits (publishers need not NOTIFY it).
+        self._polling = False
         self._next_beat = 0.0
         #: Created on the first connection, once the visibility timeout is known.
         self._held: HeldMessages | None = None
@@ -155,6 +158,9 @@ class Consumer:
                     dispatcher_registry.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
                 ),
             )
+            if self._polling:
+                # A new row counts as waiting until it says otherwise.
+                run_on(conn, dispatcher_registry.busy_call(self.registration))
         except psycopg.OperationalError as exc:
             broken = conn.broken or conn.closed
             conn.close()
@@ -179,6 +185,7 @@ class Consumer:
         ``PGMB["DIRECT_DATABASES"]`` gives, or nowhere: then the consumer polls, and says so
         once."""
         self._drop_listener()
+        self._polling = False
         listen = sql.query("dispatcher.sql", "listen")
         if not conn.pooled:
             conn.execute(listen)
@@ -199,6 +206,7 @@ class Consumer:
             finally:
                 if self._listener is not listener:
                     listener.close()
+        self._polling = True
         if not self._said_polling:
             log.warning(
                 "%s: polling %s every %gs instead (PGMB['DISPATCH_POLL_INTERVAL'])",
@@ -372,8 +380,9 @@ class Consumer:
     def _wait(self, conn: psycopg.Connection[Any]) -> None:
         """Nothing to read: mark this consumer waiting and read once more; with the mark
         visible to every publisher, sleep until a notification, the next visible message
-        or the poll interval (heartbeats go on meanwhile; they do not end the wait)."""
-        if not self._settled and self.registration is not None:
+        or the poll interval (heartbeats go on meanwhile; they do not end the wait). A
+        consumer that polls (no LISTEN) sleeps at once, unmarked."""
+        if not self._settled and self.registration is not None and not self._polling:
             self._waiting = True
             self._settled = run_on(conn, dispatcher_registry.idle_call(self.registration))
             if not self._settled:

@@ -151,15 +151,20 @@ class Database:
         await self._drop()
 
 
-async def listen(conninfo: dict[str, Any], wake: asyncio.Event, poll_interval: float) -> None:
+async def listen(
+    conninfo: dict[str, Any],
+    wake: asyncio.Event,
+    poll_interval: float,
+    deaf: asyncio.Event | None = None,
+) -> None:
     """Set ``wake`` on every NOTIFY pgmb, forever; reconnect with backoff when cut off.
 
     After each (re)connection ``wake`` is set once, so whatever was published while no one
     was listening is claimed at once rather than at the next poll.
 
     Through a transaction pooler it says that the dispatcher polls every ``poll_interval``
-    seconds instead, and returns: a LISTEN would stay with a server connection the pooler
-    hands to other clients, and this one would hear nothing.
+    seconds instead, sets ``deaf`` and returns: a LISTEN would stay with a server connection
+    the pooler hands to other clients, and this one would hear nothing.
     """
     backoff = Backoff()
     down_since: float | None = None
@@ -175,6 +180,8 @@ async def listen(conninfo: dict[str, Any], wake: asyncio.Event, poll_interval: f
                         NO_LISTEN,
                         poll_interval,
                     )
+                    if deaf is not None:
+                        deaf.set()
                     return
                 await conn.execute(sql.query("dispatcher.sql", "listen"))
                 wake.set()

@@ -76,6 +76,16 @@ def _finished(result) -> bool:
     return result.is_finished
 
 
+def _marks() -> dict:
+    """How many running dispatchers and consumers are marked waiting (True), not (False),
+    or have not said (None: publishers NOTIFY then too)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT waiting, count(*) FROM pgmb_dispatcher WHERE stopped_at IS NULL GROUP BY 1"
+        )
+        return dict(cursor.fetchall())
+
+
 def test_conninfo_keeps_the_prepare_threshold_options_give(monkeypatch):
     settings = connections["default"].settings_dict
     monkeypatch.setitem(settings, "OPTIONS", {**settings["OPTIONS"], "prepare_threshold": None})
@@ -136,6 +146,12 @@ def test_dispatch_pull_and_tasks_through_pgbouncer(
             message=lambda proc=proc, lines=lines: f"{proc.args} to say so: {lines.lines}",
         )
 
+    # None of them says it waits for a NOTIFY (publishers would send one for nothing):
+    # the dispatcher and the three consumers (one, and the worker's two).
+    wait_until(
+        lambda: _marks() == {False: 4},
+        message=lambda: f"every process to say it does not wait ({_marks()})",
+    )
     # Published once all three poll: no NOTIFY wakes them, the poll does.
     pgmb.send_batch(("push.x", {"n": n}) for n in range(150))
     pgmb.send_batch(("pull.x", {"n": n}) for n in range(30))

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: What every process must say at start-up through the pooler.
 POLLING = "LISTEN is unavailable there"
 #: Lines no process may write: a statement meeting another client's on a shared server
-#: connection, an engine restarted, anything logged as an error.
+#: connection, a traceback, anything logged as an error (an engine restarted is).
 FAULTS = ("prepared statement", "DuplicatePreparedStatement", "bind message", "Traceback")
 
 

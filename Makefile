@@ -8,9 +8,10 @@ PY := $(VENV)/bin/python
 # Debian packages the project needs; `make deps` installs the missing ones when root.
 # chromium drives the admin's browser tests; libpostgresql-jdbc-java is Spark's JDBC driver;
 # valgrind counts instructions for bench/instructions.py; openssl makes the TLS tests' certificate;
-# ca-certificates lets scripts/fetch_postgres.py check npm's certificate (a bare Debian lacks it).
+# ca-certificates lets scripts/fetch_postgres.py check npm's certificate (a bare Debian lacks it);
+# pgbouncer stands in front of the test cluster in tests/pooler.
 DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chromium \
-	libpostgresql-jdbc-java valgrind openssl ca-certificates
+	libpostgresql-jdbc-java valgrind openssl ca-certificates pgbouncer
 
 # `make test` runs the whole suite on Debian's PostgreSQL, then these layers on each major of
 # PG_MATRIX (builds pinned in scripts/fetch_postgres.py, kept in .cache/postgres): a layer

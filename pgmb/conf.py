@@ -95,6 +95,11 @@ class Settings:
     #: is refused, else it is reachable. Checked on the address connected to, on every path
     #: that connects (pgmb.endpoint_policy), and when a worker is saved.
     ENDPOINT_POLICY: dict = field(default_factory=lambda: dict(DEFAULT_ENDPOINT_POLICY))
+    #: For a database alias whose connections go through a transaction pooler (PgBouncer),
+    #: an alias of the same database that connects to PostgreSQL directly: pgmb's processes
+    #: LISTEN there and do housekeeping there ({"default": "direct"}). Without one they poll,
+    #: and do no housekeeping through the pooler (pgmb.db.pooler).
+    DIRECT_DATABASES: dict = field(default_factory=dict)
 
     @cached_property
     def json_encoder(self) -> type:
@@ -189,6 +194,8 @@ def errors(raw: Any) -> list[str]:
         )
     if not problems and "ENDPOINT_POLICY" in raw:
         problems.extend(endpoint_policy_problems(raw["ENDPOINT_POLICY"]))
+    if not problems and "DIRECT_DATABASES" in raw:
+        problems.extend(direct_databases_problems(raw["DIRECT_DATABASES"]))
     if not problems and raw.get("DISPATCH_HEARTBEAT_INTERVAL", 1) > MAX_HEARTBEAT_INTERVAL:
         problems.append(
             f"PGMB['DISPATCH_HEARTBEAT_INTERVAL'] must be at most {MAX_HEARTBEAT_INTERVAL:g} "
@@ -213,6 +220,22 @@ def endpoint_policy_problems(policy: dict) -> list[str]:
                 ipaddress.ip_network(network)
             except ValueError as exc:
                 problems.append(f"PGMB['ENDPOINT_POLICY'][{key!r}]: {exc}")
+    return problems
+
+
+def direct_databases_problems(mapping: dict) -> list[str]:
+    """What is wrong with a DIRECT_DATABASES value: each key and value an alias of
+    ``settings.DATABASES``, never the same."""
+    known = getattr(django_settings, "DATABASES", {})
+    problems = []
+    for pooled, direct in mapping.items():
+        where = f"PGMB['DIRECT_DATABASES'][{pooled!r}]"
+        if not isinstance(pooled, str) or not isinstance(direct, str):
+            problems.append(f"{where} must map a database alias to a database alias")
+        elif unknown := [alias for alias in (pooled, direct) if alias not in known]:
+            problems.append(f"{where}: {unknown[0]!r} is not in settings.DATABASES")
+        elif pooled == direct:
+            problems.append(f"{where} names the same alias: give one that connects directly")
     return problems
 
 

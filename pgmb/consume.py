@@ -7,6 +7,9 @@ empty it marks itself waiting, so that publishers notify (``pgmb.wake_dispatcher
 with the same no-lost-wake-up handshake as the external dispatcher
 (``pgmb.dispatcher_idle``, docs/decisions/0008-wake-ups-only-for-waiting-dispatchers.md).
 It also wakes when a message's visibility timeout or backoff runs out (``pgmb.pull_next_visible``).
+Through a transaction pooler (:mod:`pgmb.db.pooler`) it LISTENs on a connection of the
+alias ``PGMB["DIRECT_DATABASES"]`` gives, or, without one, says when it connects that it
+polls every ``poll_interval`` seconds.
 
 While it holds messages (read, not yet deleted or failed), a thread of its own extends
 their visibility timeout (:class:`pgmb.held_messages.HeldMessages`), so that a handler that
@@ -37,8 +40,9 @@ from typing import Any
 import psycopg
 
 from . import conf, dispatcher_registry, sql
+from .db import pooler
 from .db.backoff import Backoff
-from .db.conninfo import conninfo_from_django
+from .db.conninfo import conninfo_from_django, direct_conninfo
 from .db.reconnecting import WARN_EVERY
 from .db.statements import Call, run_on
 from .held_messages import HeldMessages
@@ -106,6 +110,14 @@ class Consumer:
         self._waiting = False
         self._settled = False
         self._conn: psycopg.Connection[Any] | None = None
+        #: Whether it was said that LISTEN is unavailable (once a process, not each connection).
+        self._said_polling = False
+        #: Through a pooler, the connection to the same database without it that LISTENs
+        #: (PGMB["DIRECT_DATABASES"]); None: the reading connection listens, or none does.
+        self._listener: psycopg.Connection[Any] | None = None
+        #: No connection LISTENs (through a pooler, without a direct alias): the consumer
+        #: polls, and its row never says it waits (publishers need not NOTIFY it).
+        self._polling = False
         self._next_beat = 0.0
         #: Created on the first connection, once the visibility timeout is known.
         self._held: HeldMessages | None = None
@@ -130,11 +142,11 @@ class Consumer:
     def _open(self) -> psycopg.Connection[Any]:
         conninfo = conninfo_from_django(self.using)
         try:
-            conn = psycopg.connect(**conninfo, autocommit=True)
+            conn = pooler.connect(conninfo)
         except psycopg.OperationalError as exc:
             raise _Unreachable(exc) from exc
         try:
-            conn.execute(sql.query("dispatcher.sql", "listen"))
+            self._listen(conn)
             # Checks the queue (unknown, or not a pull queue: an error) and gives the
             # default visibility timeout, the queue's lease.
             lease = run_on(conn, queue_lease_call(self.queue))
@@ -146,6 +158,9 @@ class Consumer:
                     dispatcher_registry.CONSUMER, socket.gethostname(), os.getpid(), [self.queue]
                 ),
             )
+            if self._polling:
+                # A new row counts as waiting until it says otherwise.
+                run_on(conn, dispatcher_registry.busy_call(self.registration))
         except psycopg.OperationalError as exc:
             broken = conn.broken or conn.closed
             conn.close()
@@ -164,6 +179,52 @@ class Consumer:
         self._conn = conn
         return conn
 
+    def _listen(self, conn: pooler.PoolerAwareConnection) -> None:
+        """LISTEN on ``conn``; through a pooler, where a LISTEN would stay with a server
+        connection the pooler hands to others, on a connection of the alias
+        ``PGMB["DIRECT_DATABASES"]`` gives, or nowhere: then the consumer polls, and says so
+        once."""
+        self._drop_listener()
+        self._polling = False
+        listen = sql.query("dispatcher.sql", "listen")
+        if not conn.pooled:
+            conn.execute(listen)
+            return
+        direct = direct_conninfo(self.using)
+        if direct is not None:
+            try:
+                listener = pooler.connect(direct)
+            except psycopg.OperationalError as exc:
+                raise _Unreachable(exc) from exc
+            try:
+                if not listener.pooled:
+                    listener.execute(listen)
+                    self._listener = listener
+                    return
+            except psycopg.OperationalError as exc:
+                raise _Unreachable(exc) from exc
+            finally:
+                if self._listener is not listener:
+                    listener.close()
+        self._polling = True
+        if not self._said_polling:
+            log.warning(
+                "%s: polling %s every %gs instead (PGMB['DISPATCH_POLL_INTERVAL'])",
+                pooler.NO_LISTEN,
+                self.queue,
+                self.poll_interval,
+            )
+            self._said_polling = True
+
+    def _drop_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+
+    def _lost(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether the reading connection or the listening one is gone."""
+        return any(c.closed or c.broken for c in (conn, self._listener) if c is not None)
+
     def run(self) -> None:
         """Consume until stopped (or until ``max_messages`` were handled)."""
         conn = self._conn or self.connect()
@@ -172,7 +233,7 @@ class Consumer:
                 try:
                     self._step(conn)
                 except psycopg.OperationalError as exc:
-                    if not conn.closed and not conn.broken:
+                    if not self._lost(conn):
                         raise
                     again = self._reconnect(exc)
                     if again is None:
@@ -197,6 +258,7 @@ class Consumer:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        self._drop_listener()
         self.registration = None
         return self._wait_for_connection(reconnecting=True)
 
@@ -232,6 +294,7 @@ class Consumer:
     def close(self) -> None:
         if self._held is not None:
             self._held.close()
+        self._drop_listener()
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -317,8 +380,9 @@ class Consumer:
     def _wait(self, conn: psycopg.Connection[Any]) -> None:
         """Nothing to read: mark this consumer waiting and read once more; with the mark
         visible to every publisher, sleep until a notification, the next visible message
-        or the poll interval (heartbeats go on meanwhile; they do not end the wait)."""
-        if not self._settled and self.registration is not None:
+        or the poll interval (heartbeats go on meanwhile; they do not end the wait). A
+        consumer that polls (no LISTEN) sleeps at once, unmarked."""
+        if not self._settled and self.registration is not None and not self._polling:
             self._waiting = True
             self._settled = run_on(conn, dispatcher_registry.idle_call(self.registration))
             if not self._settled:
@@ -343,6 +407,6 @@ class Consumer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            for _ in conn.notifies(timeout=min(left, 0.25), stop_after=1):
+            for _ in (self._listener or conn).notifies(timeout=min(left, 0.25), stop_after=1):
                 return
             self._beat(conn)

@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from .db import pooler
 from .db.backoff import Backoff
 from .db.error_text import first_line
 from .db.statements import Call, run_on
@@ -211,7 +212,7 @@ class HeldMessages:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(**self._conninfo, autocommit=True)
+            self._conn = pooler.connect(self._conninfo)
         return self._conn
 
     def _drop(self) -> None:

@@ -12,6 +12,11 @@ run inside a transaction block or a function: a client must send it.
 dropped first. One process at a time per database (an advisory lock); every failure is a
 step of the report, never an exception, so that a dispatcher calling it goes on.
 
+Through a transaction pooler (PgBouncer; :mod:`pgmb.db.pooler`) none of it runs
+(:class:`ThroughPooler`): ``REINDEX ... CONCURRENTLY`` and ``VACUUM`` refuse a transaction,
+so the lock that keeps housekeepers apart would be a session lock, and a pooler would leave
+it, with ``lock_timeout``, on a server connection its other clients get.
+
 Who calls it: the external dispatcher once it has drained work (at most once per
 ``PGMB['HOUSEKEEPING_INTERVAL']`` seconds), and ``manage.py pgmb_housekeeping``.
 
@@ -37,13 +42,27 @@ from psycopg.rows import class_row
 
 from . import conf, sql
 from .conf import DEFAULT_BLOAT_FACTOR, DEFAULT_MIN_INDEX_BYTES
-from .db.conninfo import conninfo_from_django
+from .db.conninfo import conninfo_from_django, direct_conninfo
 from .db.error_text import first_line
+from .db.pooler import AsyncPoolerAwareConnection, aconnect
 
 #: Bytes of index that one live delivery may need: the widest entry (pgmb_delivery_due,
 #: 46 bytes of key and included columns, plus tuple header and line pointer) in a page kept
 #: half full by splits, rounded up. Generous: only an index many times larger is rebuilt.
 ROW_BYTES = 128
+
+
+class ThroughPooler(Exception):
+    """Housekeeping was asked of a connection that goes through a transaction pooler."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "housekeeping needs a direct connection to PostgreSQL, and this one goes through "
+            "a transaction pooler (such as PgBouncer): REINDEX CONCURRENTLY and VACUUM "
+            "refuse a transaction, so the lock that keeps housekeepers apart would outlive "
+            "it on a pooled server connection. Give the alias one that connects directly "
+            "(PGMB['DIRECT_DATABASES']), or run manage.py pgmb_housekeeping --database with one"
+        )
 
 
 @dataclass(frozen=True)
@@ -226,9 +245,21 @@ async def _act(conn: psycopg.AsyncConnection[Any], what: str, index: _Index, dry
 async def arun(
     conninfo: dict[str, Any], thresholds: Thresholds | None = None, *, dry_run: bool = False
 ) -> Report:
-    """:func:`ahousekeep` on a connection of its own, closed afterwards."""
-    async with await psycopg.AsyncConnection.connect(**conninfo, autocommit=True) as conn:
+    """:func:`ahousekeep` on a connection of its own, closed afterwards. Raises
+    :class:`ThroughPooler` through a transaction pooler, unless ``dry_run`` (which only
+    reads)."""
+    async with await _direct(conninfo, dry_run=dry_run) as conn:
         return await ahousekeep(conn, thresholds, dry_run=dry_run)
+
+
+async def _direct(conninfo: dict[str, Any], *, dry_run: bool = False) -> AsyncPoolerAwareConnection:
+    """A connection for housekeeping; :class:`ThroughPooler` if it is pooled (and more than
+    a dry run is asked)."""
+    conn = await aconnect(conninfo)
+    if conn.pooled and not dry_run:
+        await conn.close()
+        raise ThroughPooler
+    return conn
 
 
 async def avacuum(conninfo: dict[str, Any]) -> bool:
@@ -236,9 +267,10 @@ async def avacuum(conninfo: dict[str, Any]) -> bool:
     False if another process held the lock (nothing done). Raises psycopg's error.
 
     A role that does not own the table gets the server's warning and nothing is vacuumed.
+    :class:`ThroughPooler` through a transaction pooler.
     """
     async with (
-        await psycopg.AsyncConnection.connect(**conninfo, autocommit=True) as conn,
+        await _direct(conninfo) as conn,
         _locked(conn) as held,
     ):
         if held:
@@ -249,10 +281,13 @@ async def avacuum(conninfo: dict[str, Any]) -> bool:
 def housekeep(
     alias: str | None = None, thresholds: Thresholds | None = None, *, dry_run: bool = False
 ) -> Report:
-    """:func:`arun` for a Django database alias (default: ``PGMB['DATABASE']``), blocking.
+    """:func:`arun` for a Django database alias (default: ``PGMB['DATABASE']``; the alias
+    ``PGMB['DIRECT_DATABASES']`` gives it, if any), blocking.
 
-    Raises psycopg's error if the database cannot be reached or the lock not asked for;
-    everything after that is in the report.
+    Raises psycopg's error if the database cannot be reached or the lock not asked for,
+    :class:`ThroughPooler` through a transaction pooler; everything after that is in the
+    report.
     """
-    conninfo = conninfo_from_django(alias or conf.get().DATABASE)
+    alias = alias or conf.get().DATABASE
+    conninfo = direct_conninfo(alias) or conninfo_from_django(alias)
     return asyncio.run(arun(conninfo, thresholds or Thresholds.from_settings(), dry_run=dry_run))

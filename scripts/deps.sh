@@ -12,10 +12,12 @@ if [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  # Debian starts a cluster and nginx on install; ours are private, the system's are not needed.
+  # Debian starts a cluster, nginx and pgbouncer on install; ours are private (the tests
+  # start their own pgbouncer on a free port), the system's are not needed.
   if command -v service >/dev/null; then
     service postgresql stop >/dev/null 2>&1 || true
     service nginx stop >/dev/null 2>&1 || true
+    service pgbouncer stop >/dev/null 2>&1 || true
   fi
 else
   echo "missing Debian packages: ${missing[*]}" >&2

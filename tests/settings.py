@@ -59,6 +59,10 @@ DATABASES["second"] = {
     "NAME": os.environ.get("PGMB_SECOND_DB_NAME", "postgres"),
     "TEST": {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_second"},
 }
+# Processes of tests/pooler started through PgBouncer (PGPORT its port) are given the test
+# cluster's own port here: an alias of the same database without the pooler.
+if os.environ.get("PGMB_TEST_DIRECT_PORT"):
+    DATABASES["direct"] = {**DATABASES["default"], "PORT": os.environ["PGMB_TEST_DIRECT_PORT"]}
 # Not PostgreSQL: what pgmb refuses to serve. No test connects to it.
 DATABASES["lite"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -69,6 +73,9 @@ if os.environ.get("PGMB_TEST_HEARTBEAT_INTERVAL"):
 # ... and rebuild indexes a small test backlog leaves (tests/dispatch/test_housekeeping.py).
 if os.environ.get("PGMB_TEST_HOUSEKEEPING_MIN_INDEX_BYTES"):
     PGMB["HOUSEKEEPING_MIN_INDEX_BYTES"] = int(os.environ["PGMB_TEST_HOUSEKEEPING_MIN_INDEX_BYTES"])
+# ... and, through PgBouncer, LISTEN and housekeep on the cluster directly (tests/pooler).
+if os.environ.get("PGMB_TEST_DIRECT_PORT"):
+    PGMB["DIRECT_DATABASES"] = {"default": "direct"}
 
 # Tasks run through pgmb (tests/tasks); "immediate" is another backend's, for contrast.
 TASKS = {

@@ -4,6 +4,11 @@ The database is named by the libpq environment variables, so the same settings s
 demo cluster of ``make demo`` and any other PostgreSQL:
 
     PGHOST (127.0.0.1)  PGPORT (5432)  PGUSER (postgres)  PGPASSWORD ()  PGDATABASE (pgmb_demo)
+
+PGHOST and PGPORT may name a PgBouncer in transaction mode: pgmb finds out by itself and
+needs no setting for it, and polls. PGMB_DIRECT_PGHOST and PGMB_DIRECT_PGPORT, when set,
+name the PostgreSQL server behind it (the other variables as above), where pgmb's processes
+LISTEN and do housekeeping (docs/operations.md, "PgBouncer (transaction pooling)").
 """
 
 import os
@@ -63,6 +68,14 @@ DATABASES = {
         "NAME": os.environ.get("PGDATABASE") or "pgmb_demo",
     }
 }
+# The same database without PgBouncer, when the environment names it (see above).
+DIRECT = bool(os.environ.get("PGMB_DIRECT_PGHOST") or os.environ.get("PGMB_DIRECT_PGPORT"))
+if DIRECT:
+    DATABASES["direct"] = {
+        **DATABASES["default"],
+        "HOST": os.environ.get("PGMB_DIRECT_PGHOST") or DATABASES["default"]["HOST"],
+        "PORT": os.environ.get("PGMB_DIRECT_PGPORT") or "5432",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 USE_TZ = True
@@ -114,4 +127,8 @@ PGMB = {
     # workers are served on loopback, which the default allows (it refuses link-local). For
     # endpoints registered by untrusted users: pgmb.conf.UNTRUSTED_ENDPOINTS.
     "ENDPOINT_POLICY": {"allow": [], "deny": ["169.254.0.0/16", "fe80::/10"]},
+    # Behind PgBouncer in transaction mode, the alias of the same database without it, where
+    # pgmb's processes LISTEN and do housekeeping (without one they poll, and leave
+    # housekeeping to a direct connection): set from PGMB_DIRECT_PGHOST/PGMB_DIRECT_PGPORT.
+    "DIRECT_DATABASES": {"default": "direct"} if DIRECT else {},
 }

@@ -3,6 +3,9 @@ backoff (:mod:`.backoff`: at most half a second between attempts).
 
 A lost connection never loses a message: deliveries are rows, and a lease that runs out
 while the dispatcher cannot reach the database makes its deliveries claimable again.
+
+Through a transaction pooler (:mod:`.pooler`) a connection keeps no session state: no
+session settings, and no LISTEN (the dispatcher polls instead, and says so at start-up).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from psycopg.errors import Diagnostic
 from .. import sql
 from .backoff import Backoff
 from .error_text import first_line
+from .pooler import NO_LISTEN, AsyncPoolerAwareConnection, aconnect
 from .statements import Call, arun
 
 T = TypeVar("T")
@@ -57,9 +61,11 @@ class Database:
         #: Once set, a call that cannot reach the database gives up at once (a stop request
         #: must not wait for a database that may never come back).
         self._interrupt = interrupt
-        #: Named query of ``dispatcher.sql`` run on each new connection (session settings).
+        #: Named query of ``dispatcher.sql`` run on each new connection (session settings),
+        #: unless it goes through a pooler: a session setting would stay with the server
+        #: connection, for the pooler's other clients, and not follow this one.
         self._setup = setup
-        self._conn: psycopg.AsyncConnection | None = None
+        self._conn: AsyncPoolerAwareConnection | None = None
         #: When set (a time.monotonic() value), stop retrying once it has passed.
         self.give_up_at: float | None = None
         #: When set, stop retrying once the database has been unreachable this many seconds.
@@ -70,12 +76,12 @@ class Database:
         #: When this outage was last reported (time.monotonic()).
         self._warned_at = 0.0
 
-    async def _connection(self) -> psycopg.AsyncConnection:
+    async def _connection(self) -> AsyncPoolerAwareConnection:
         if self._conn is None or self._conn.closed:
-            conn = await psycopg.AsyncConnection.connect(**self._conninfo, autocommit=True)
+            conn = await aconnect(self._conninfo)
             if self._notices is not None:
                 conn.add_notice_handler(self._notices)
-            if self._setup:
+            if self._setup and not conn.pooled:
                 try:
                     await conn.execute(sql.query("dispatcher.sql", self._setup))
                 except BaseException:
@@ -145,19 +151,38 @@ class Database:
         await self._drop()
 
 
-async def listen(conninfo: dict[str, Any], wake: asyncio.Event) -> None:
+async def listen(
+    conninfo: dict[str, Any],
+    wake: asyncio.Event,
+    poll_interval: float,
+    deaf: asyncio.Event | None = None,
+) -> None:
     """Set ``wake`` on every NOTIFY pgmb, forever; reconnect with backoff when cut off.
 
     After each (re)connection ``wake`` is set once, so whatever was published while no one
     was listening is claimed at once rather than at the next poll.
+
+    Through a transaction pooler it says that the dispatcher polls every ``poll_interval``
+    seconds instead, sets ``deaf`` and returns: a LISTEN would stay with a server connection
+    the pooler hands to other clients, and this one would hear nothing.
     """
     backoff = Backoff()
     down_since: float | None = None
     warned_at = 0.0
     while True:
         try:
-            conn = await psycopg.AsyncConnection.connect(**conninfo, autocommit=True)
+            conn = await aconnect(conninfo)
             try:
+                if conn.pooled:
+                    log.warning(
+                        "%s: polling for new deliveries every %gs instead (--poll-interval, "
+                        "PGMB['DISPATCH_POLL_INTERVAL'])",
+                        NO_LISTEN,
+                        poll_interval,
+                    )
+                    if deaf is not None:
+                        deaf.set()
+                    return
                 await conn.execute(sql.query("dispatcher.sql", "listen"))
                 wake.set()
                 backoff.reset()

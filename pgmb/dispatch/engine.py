@@ -102,10 +102,16 @@ class Dispatcher:
     (:class:`~.housekeeper.Housekeeper`).
     """
 
-    def __init__(self, conninfo: dict[str, Any], options: Options) -> None:
+    def __init__(
+        self, conninfo: dict[str, Any], options: Options, direct: dict[str, Any] | None = None
+    ) -> None:
+        """``direct``: the same database's connection arguments without the pooler that
+        ``conninfo`` goes through (``PGMB["DIRECT_DATABASES"]``), for LISTEN and
+        housekeeping, which need a session of their own."""
         self.options = options
         self.stats = Stats()
         self._conninfo = conninfo
+        self._session_conninfo = direct or conninfo
         self._stopping = asyncio.Event()
         # Circuit breakers announce their transitions on the connection that made them
         # (a claim, an outcome): logged as they come, no query of their own.
@@ -121,6 +127,9 @@ class Dispatcher:
         )
         self._claims.give_up_after = self.outcomes.db.give_up_after = options.give_up_after
         self._wake = asyncio.Event()
+        #: Set by the listener when it cannot LISTEN (through a transaction pooler): the
+        #: loop polls and never marks itself waiting.
+        self._deaf = asyncio.Event()
         # The writer's own containers and event, under names of the loop's: a delivery
         # records its outcome without a call or a lookup more.
         self._outcome_ready = self.outcomes.ready
@@ -149,7 +158,7 @@ class Dispatcher:
         self._starts = self.outcomes.starts
         self._pacers: dict[str, Pacer] = {}
         self._housekeeper = Housekeeper(
-            conninfo,
+            self._session_conninfo,
             options.vacuum_every,
             options.housekeeping_interval,
             options.housekeeping_thresholds,
@@ -174,7 +183,9 @@ class Dispatcher:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
         self._session = new_session(self.options.concurrency)
-        listener = asyncio.create_task(listen(self._conninfo, self._wake))
+        listener = asyncio.create_task(
+            listen(self._session_conninfo, self._wake, self.options.poll_interval, self._deaf)
+        )
         flusher = asyncio.create_task(self.outcomes.run(self._wake, self._idle))
         gave_up: Unavailable | None = None
         try:
@@ -252,7 +263,10 @@ class Dispatcher:
                     await self._registration.mark_busy()
                     continue  # there may be more due right now
             timeout = opts.poll_interval
-            if want > 0 and not self._registration.settled:
+            if want > 0 and self._deaf.is_set():
+                # No LISTEN (through a pooler): publishers need not NOTIFY this dispatcher.
+                await self._registration.mark_busy()
+            elif want > 0 and not self._registration.settled:
                 settle_in = await self._registration.mark_idle()
                 if settle_in == 0:
                     continue  # claim once more: what was committed before the mark

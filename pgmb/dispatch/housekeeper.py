@@ -3,6 +3,8 @@ and a look at its indexes (:mod:`pgmb.housekeeping`), in the background.
 
 Housekeeping runs beside the loop, on a connection of its own: a rebuild takes seconds to
 minutes and must not hold back claims. Failures and reports are logged, never raised.
+Through a transaction pooler housekeeping cannot run (:class:`pgmb.housekeeping.ThroughPooler`):
+the first try says so, and there is no other.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class Housekeeper:
         self._looked_at_claims = 0
         #: Deliveries claimed when the last vacuum was started.
         self._vacuumed_at_claims = 0
+        #: The database connection goes through a pooler: no housekeeping from here.
+        self._off = False
 
     def start_if_due(self, claimed: int) -> bool:
         """The dispatcher has drained its work (``claimed`` deliveries so far): start, in
@@ -56,7 +60,8 @@ class Housekeeper:
         every, interval = self._vacuum_every, self._interval
         vacuum = bool(every) and claimed - self._vacuumed_at_claims >= every
         look = bool(interval) and claimed != self._looked_at_claims and now >= self._due
-        if not (vacuum or look) or (self._task is not None and not self._task.done()):
+        busy = self._task is not None and not self._task.done()
+        if self._off or not (vacuum or look) or busy:
             return False
         if vacuum:
             self._vacuumed_at_claims = claimed
@@ -79,28 +84,40 @@ class Housekeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _vacuum(self, claimed: int) -> None:
+    def _through_pooler(self, exc: housekeeping.ThroughPooler) -> None:
+        self._off = True
+        log.warning("no housekeeping from this dispatcher: %s", exc)
+
+    async def _vacuum(self, claimed: int) -> bool:
+        """Vacuum; False if housekeeping is off (through a pooler)."""
         try:
             done = await housekeeping.avacuum(self._conninfo)
+        except housekeeping.ThroughPooler as exc:
+            self._through_pooler(exc)
+            return False
         except Exception as exc:
             log.warning(
                 "could not vacuum pgmb_delivery (%s); next try after %d more claims",
                 first_line(exc),
                 self._vacuum_every,
             )
-            return
+            return True
         if done:
             log.debug("vacuumed pgmb_delivery claims=%d", claimed)
         else:
             log.debug("vacuum skipped: another process holds the housekeeping lock")
+        return True
 
     async def _run(self, vacuum: bool, look: bool, claimed: int) -> None:
-        if vacuum:
-            await self._vacuum(claimed)
+        if vacuum and not await self._vacuum(claimed):
+            return
         if not look:
             return
         try:
             report = await housekeeping.arun(self._conninfo, self._thresholds)
+        except housekeeping.ThroughPooler as exc:
+            self._through_pooler(exc)
+            return
         except Exception as exc:
             log.warning(
                 "housekeeping could not run (%s: %s); next look in %g s at the earliest",

@@ -11,7 +11,7 @@ from django.db import DatabaseError, connections
 from django.utils.connection import ConnectionDoesNotExist
 
 from .. import conf
-from ..db.conninfo import conninfo_from_django
+from ..db.conninfo import conninfo_from_django, direct_conninfo
 from ..db.error_text import database_reason
 from ..housekeeping import Thresholds
 from ..models import Queue
@@ -93,7 +93,10 @@ def options(
 def serve(aliases: list[str], options: Options) -> dict[str, Served]:
     """Dispatch from every database of ``aliases`` until stopped (SIGTERM, SIGINT), idle
     or out of time; what each one did."""
-    supervisor = Supervisor({alias: conninfo_from_django(alias) for alias in aliases}, options)
+    direct = {alias: info for alias in aliases if (info := direct_conninfo(alias)) is not None}
+    supervisor = Supervisor(
+        {alias: conninfo_from_django(alias) for alias in aliases}, options, direct
+    )
     frozen = gc_tuning.settle()
     log.debug(
         "heap settled: %d objects frozen, young collections every %d allocations",

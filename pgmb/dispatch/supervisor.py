@@ -74,11 +74,19 @@ class Supervisor:
     """Serves several databases (alias → psycopg connection arguments) with one set of
     options, each by an engine of its own; see the module's docstring."""
 
-    def __init__(self, conninfos: dict[str, dict[str, Any]], options: Options) -> None:
+    def __init__(
+        self,
+        conninfos: dict[str, dict[str, Any]],
+        options: Options,
+        direct: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """``direct``: for an alias served through a pooler, the connection arguments of the
+        same database without it (LISTEN and housekeeping)."""
         if not conninfos:
             raise ValueError("no database to serve")
         self.options = options
         self._conninfos = conninfos
+        self._direct = direct or {}
         self._stopping = asyncio.Event()
         self._engines: dict[str, Dispatcher] = {}
         self.served = {alias: Served(alias) for alias in conninfos}
@@ -126,7 +134,9 @@ class Supervisor:
                 if left <= 0:
                     return
                 options = replace(options, max_seconds=left)
-            engine = self._engines[alias] = Dispatcher(self._conninfos[alias], options)
+            engine = self._engines[alias] = Dispatcher(
+                self._conninfos[alias], options, self._direct.get(alias)
+            )
             try:
                 served.add(await engine.run(signals=False))
                 return

@@ -51,6 +51,8 @@ class Command(BaseCommand):
             report = housekeeping.housekeep(alias, dry_run=dry_run)
         except psycopg.Error as exc:
             raise CommandError(first_line(exc)) from exc
+        except housekeeping.ThroughPooler as exc:
+            raise CommandError(str(exc)) from exc
         if not report.ran:
             self.stdout.write("another process is doing housekeeping: nothing done")
             return

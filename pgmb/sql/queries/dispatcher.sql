@@ -7,7 +7,8 @@
 -- crash can only set its work back: a claim lost with it is a lease that never was (the
 -- delivery is claimable again, as after an expiry; at-least-once holds), a lost reclaim is
 -- done again, a lost release leaves the lease to expire. Outcomes (ack, fail) go through
--- the other connection and stay durable.
+-- the other connection and stay durable. Not set through a transaction pooler
+-- (pgmb/db/pooler.py): it would stay with a server connection the pooler's other clients get.
 SET synchronous_commit = off
 
 -- name: listen

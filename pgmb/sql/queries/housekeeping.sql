@@ -5,7 +5,8 @@
 
 -- name: try_lock
 -- One housekeeper per database at a time (dispatchers, the command, cron): a session lock,
--- let go by unlock or when the connection ends.
+-- let go by unlock or when the connection ends. Never taken through a transaction pooler
+-- (pgmb.housekeeping.ThroughPooler): it would stay with a pooled server connection.
 SELECT pg_try_advisory_lock(hashtextextended('pgmb housekeeping', 0))
 
 -- name: unlock

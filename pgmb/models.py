@@ -409,7 +409,7 @@ class WorkerSecret(models.Model):
 
     def __str__(self) -> str:
         # Never the secret.
-        return f"retiring secret #{self.pk} of worker {self.worker_id}"
+        return f"retiring secret #{self.pk}"
 
 
 class Queue(models.Model):

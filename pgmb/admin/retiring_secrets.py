@@ -10,6 +10,7 @@ reaches it (WorkerAdmin.lookup_allowed refuses ``retiring_secrets__secret``).
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from django import forms
@@ -18,11 +19,29 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Worker, WorkerSecret
+from ..models import MAX_SECRET_OVERLAP, Worker, WorkerSecret
 
 
 def _may_change_worker(request: HttpRequest) -> bool:
     return request.user.has_perm("pgmb.change_worker")
+
+
+class _ExpiryForm(forms.ModelForm):
+    """The expiry's bound, as a form error: Django's own check of the model's constraint
+    skips it, because retired_at, which it names, is not a field of the form."""
+
+    class Meta:
+        model = WorkerSecret
+        fields = ["expires_at"]
+
+    def clean_expires_at(self) -> datetime.datetime:
+        expires_at: datetime.datetime = self.cleaned_data["expires_at"]
+        retired_at = self.instance.retired_at
+        if retired_at is not None and expires_at > retired_at + MAX_SECRET_OVERLAP:
+            raise forms.ValidationError(
+                _("A retiring secret may sign for at most 30 days after it was retired.")
+            )
+        return expires_at
 
 
 class _RevokeFormSet(forms.BaseInlineFormSet):
@@ -32,12 +51,14 @@ class _RevokeFormSet(forms.BaseInlineFormSet):
             form.fields["DELETE"].label = _("Revoke now")
 
 
-class RetiringSecretInline(admin.TabularInline):
-    """Permissions follow the worker's, not WorkerSecret's own: the rows are part of it."""
+class RetiringSecretInline(admin.StackedInline):
+    """Permissions follow the worker's, not WorkerSecret's own: the rows are part of it.
+    Stacked, so that the deletion box carries its label, "Revoke now"."""
 
     model = WorkerSecret
+    form = _ExpiryForm
     formset = _RevokeFormSet
-    fields = ("retired_at", "expires_at", "signing")
+    fields = (("retired_at", "expires_at", "signing"),)
     readonly_fields = ("retired_at", "signing")
     extra = 0
     verbose_name_plural = _("Retiring secrets (still signing until they expire)")

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 import pgmb
-from pgmb import deliveries, worker_secrets
+from pgmb import deliveries, housekeeping, worker_secrets
 from pgmb.models import Worker, WorkerSecret
 
 A = "whsec_QUFBQUFBQUFBQUFBQUFBQQ=="
@@ -142,6 +142,17 @@ def test_housekeeping_removes_expired_secrets_only(make_worker, sql):
     _store(sql, expired, [(D, 60, -1)])
     sql("SELECT pgmb.maintenance()")  # the pg_cron path's housekeeping
     assert list(WorkerSecret.objects.values_list("worker_id", flat=True)) == [live.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dispatchers_housekeeping_removes_expired_secrets(make_worker, sql):
+    worker = make_worker(secret=A)
+    _store(sql, worker, [(B, 60, 3600), (C, 60, -1)])
+
+    report = housekeeping.housekeep()
+
+    assert report.expired_secrets == 1 and "1 expired retiring secret" in report.summary()
+    assert _retiring(worker) == [B]
 
 
 def test_the_claim_stays_one_query_with_retiring_secrets(

@@ -113,7 +113,7 @@ def sample_headers() -> dict[str, str]:
         attempt=1,
         headers={},
         body=json.dumps(BODY).encode(),
-        secret="",
+        secrets=[],
         timestamp=int(time.time()),
     )
 

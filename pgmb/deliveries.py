@@ -49,7 +49,9 @@ class Claimed:
     endpoint: str
     #: The worker's HTTP timeout, in seconds.
     timeout: float
-    secret: str
+    #: The secrets that sign the request (``pgmb.signing_secrets()``), the worker's current
+    #: one first; more than one while a replaced secret retires; empty: unsigned.
+    secrets: list[str]
     rps: int
     #: How long the lease lasts, in seconds, counted from the claim.
     lease_seconds: float

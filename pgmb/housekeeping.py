@@ -17,6 +17,10 @@ Through a transaction pooler (PgBouncer; :mod:`pgmb.db.pooler`) none of it runs
 so the lock that keeps housekeepers apart would be a session lock, and a pooler would leave
 it, with ``lock_timeout``, on a server connection its other clients get.
 
+Each run also removes the worker secrets whose retirement has expired
+(``pgmb.forget_expired_secrets()``; docs/decisions/0038-secret-rotation.md), which sign
+nothing any more: the pg_cron path does it in ``pgmb.maintenance()``.
+
 Who calls it: the external dispatcher once it has drained work (at most once per
 ``PGMB['HOUSEKEEPING_INTERVAL']`` seconds), and ``manage.py pgmb_housekeeping``.
 
@@ -33,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -45,6 +49,8 @@ from .conf import DEFAULT_BLOAT_FACTOR, DEFAULT_MIN_INDEX_BYTES
 from .db.conninfo import conninfo_from_django, direct_conninfo
 from .db.error_text import first_line
 from .db.pooler import AsyncPoolerAwareConnection, aconnect
+from .db.statements import arun as arun_call
+from .worker_secrets import forget_expired_call
 
 #: Bytes of index that one live delivery may need: the widest entry (pgmb_delivery_due,
 #: 46 bytes of key and included columns, plus tuple header and line pointer) in a page kept
@@ -128,6 +134,10 @@ class Report:
     ran: bool
     live_rows: int = 0
     steps: tuple[Step, ...] = ()
+    #: Retiring worker secrets removed because they had expired (pgmb.forget_expired_secrets).
+    expired_secrets: int = 0
+    #: Why they could not be removed (the server's first line), if so.
+    secrets_error: str = ""
 
     @property
     def failed(self) -> list[Step]:
@@ -137,10 +147,16 @@ class Report:
         if not self.ran:
             return "housekeeping skipped: another process holds its lock"
         if not self.steps:
-            return f"housekeeping: no index to rebuild (live rows {self.live_rows:,})"
-        return f"housekeeping (live rows {self.live_rows:,}): " + "; ".join(
-            step.describe() for step in self.steps
-        )
+            text = f"housekeeping: no index to rebuild (live rows {self.live_rows:,})"
+        else:
+            text = f"housekeeping (live rows {self.live_rows:,}): " + "; ".join(
+                step.describe() for step in self.steps
+            )
+        if self.expired_secrets:
+            text += f"; removed {self.expired_secrets} expired retiring secret(s)"
+        if self.secrets_error:
+            text += f"; expired retiring secrets not removed: error={self.secrets_error!r}"
+        return text
 
 
 def _mb(size: int) -> str:
@@ -170,7 +186,20 @@ async def ahousekeep(
         raise ValueError("housekeeping needs an autocommit connection (REINDEX CONCURRENTLY)")
     thresholds = thresholds or Thresholds.from_settings()
     async with _locked(conn, take=not dry_run) as held:
-        return await _look(conn, thresholds, dry_run) if held else Report(ran=False)
+        if not held:
+            return Report(ran=False)
+        expired, error = (0, "") if dry_run else await _forget_expired_secrets(conn)
+        report = await _look(conn, thresholds, dry_run)
+        return replace(report, expired_secrets=expired, secrets_error=error)
+
+
+async def _forget_expired_secrets(conn: psycopg.AsyncConnection[Any]) -> tuple[int, str]:
+    """Remove the expired retiring secrets (they sign nothing any more, and a secret kept
+    is a secret that can leak): how many, or why not."""
+    try:
+        return await arun_call(conn, forget_expired_call()), ""
+    except psycopg.Error as exc:
+        return 0, first_line(exc)
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,7 @@ delivery leaves it (its attempts stay in ``pgmb_attempt``), once dead it moves t
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import re
 import uuid
@@ -21,6 +22,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Now
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from . import endpoint_policy, routing, sql
@@ -277,7 +279,16 @@ class Worker(models.Model):
                 "worker_validate",
                 when=pgtrigger.Before,
                 operation=pgtrigger.Insert | pgtrigger.Update,
-            )
+            ),
+            # Rotation for every writer (admin, ORM, SQL): a replaced secret keeps signing
+            # until it expires (WorkerSecret). Only an UPDATE that changes the secret gets
+            # here, never a claim's update of the token bucket.
+            _trigger(
+                "worker_retire_secret",
+                when=pgtrigger.After,
+                operation=pgtrigger.UpdateOf("secret"),
+                condition=pgtrigger.Condition("OLD.secret IS DISTINCT FROM NEW.secret"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -343,6 +354,62 @@ class Worker(models.Model):
     def breaker_on(self) -> bool:
         """Whether the circuit breaker watches this worker (a limit is set)."""
         return bool(self.breaker_failures) or self.breaker_rate is not None
+
+
+#: The longest a retiring secret may keep signing, counted from its retirement: the CHECK
+#: pgmb_worker_secret_expiry_bounded. (The default overlap is pgmb.secret_overlap() in SQL.)
+MAX_SECRET_OVERLAP = datetime.timedelta(days=30)
+
+
+class WorkerSecret(models.Model):
+    """A worker's former secret, which still signs its requests until ``expires_at``.
+
+    Rotation (docs/delivery.md): while it lasts, each request carries one signature per
+    secret, so a receiver that still holds the old secret and one that has the new both
+    verify it. The rows are written by the worker trigger (pgmb.retire_secret) when any
+    writer replaces a worker's secret; which secrets sign is pgmb.signing_secrets().
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # The foreign key itself is declared in SQL (tables.sql), ON DELETE CASCADE, so that
+    # deleting a worker in plain SQL takes its retiring secrets along.
+    worker = models.ForeignKey(
+        Worker,
+        on_delete=models.CASCADE,
+        related_name="retiring_secrets",
+        db_constraint=False,
+    )
+    # Never rendered (docs/decisions/0028-secrets-stay-secret-in-the-admin.md).
+    secret = models.CharField(max_length=200, editable=False)
+    retired_at = models.DateTimeField(
+        _("retired"), default=timezone.now, db_default=Now(), editable=False
+    )
+    expires_at = models.DateTimeField(
+        _("signs until"),
+        help_text=_(
+            "After this it no longer signs. At most 30 days after it was retired; "
+            "a time in the past ends it now."
+        ),
+    )
+
+    class Meta:
+        db_table = "pgmb_worker_secret"
+        ordering = ["-retired_at", "-id"]
+        verbose_name = _("retiring secret")
+        constraints = [
+            models.UniqueConstraint(fields=["worker", "secret"], name="pgmb_worker_secret_unique"),
+            models.CheckConstraint(
+                condition=models.Q(expires_at__lte=models.F("retired_at") + MAX_SECRET_OVERLAP),
+                name="pgmb_worker_secret_expiry_bounded",
+                violation_error_message=_(
+                    "A retiring secret may sign for at most 30 days after it was retired."
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        # Never the secret.
+        return f"retiring secret #{self.pk}"
 
 
 class Queue(models.Model):

@@ -2,7 +2,11 @@
 
 Signing follows Standard Webhooks (https://www.standardwebhooks.com/), so receivers can
 verify with existing libraries: ``webhook-id``, ``webhook-timestamp`` and
-``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``.
+``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``, one such
+signature per signing secret, space-separated, the worker's current secret first. More
+than one while a replaced secret is retiring (rotation): a receiver holding either the
+old or the new secret verifies. Which secrets sign is ``pgmb.signing_secrets()`` in SQL,
+whose answer the claim hands over (docs/decisions/0038-secret-rotation.md).
 
 The secret rule (here and in ``pgmb.secret_problem``/``pgmb.secret_key`` in SQL, which the
 worker trigger and ``pgmb.request_headers`` use). A worker's secret is one of:
@@ -24,7 +28,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: Headers a message may not set (publish refuses them, delivery drops them from rows stored
@@ -112,10 +116,15 @@ def secret_key(secret: str) -> bytes:
 
 
 def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
-    """The ``webhook-signature`` value for one request."""
+    """One secret's ``v1,`` signature of one request."""
     signed = f"{message_id}.{timestamp}.".encode() + body
     digest = hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
+
+
+def signatures(secrets: Sequence[str], message_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: each secret's signature, in order, space-separated."""
+    return " ".join(signature(s, message_id, timestamp, body) for s in secrets)
 
 
 def message_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
@@ -139,10 +148,11 @@ def build_headers(
     attempt: int,
     headers: Mapping[str, Any] | None,
     body: bytes,
-    secret: str,
+    secrets: Sequence[str],
     timestamp: int,
 ) -> dict[str, str]:
-    """Every header of the POST for one delivery attempt."""
+    """Every header of the POST for one delivery attempt; ``secrets`` are those that sign
+    (``pgmb.signing_secrets()``, current first), none for an unsigned request."""
     out = message_headers(headers)
     out.update(
         {
@@ -153,8 +163,8 @@ def build_headers(
             "pgmb-attempt": str(attempt),
         }
     )
-    if secret:
+    if secrets:
         out["webhook-id"] = message_id
         out["webhook-timestamp"] = str(timestamp)
-        out["webhook-signature"] = signature(secret, message_id, timestamp, body)
+        out["webhook-signature"] = signatures(secrets, message_id, timestamp, body)
     return out

@@ -25,7 +25,9 @@ class WorkerForm(forms.ModelForm):
     clear_secret = forms.BooleanField(
         required=False,
         label=_("Remove the secret"),
-        help_text=_("Send unsigned requests from now on."),
+        help_text=_(
+            "Stop signing with this secret. It keeps signing while it retires, unless revoked."
+        ),
     )
 
     class Meta:
@@ -54,7 +56,9 @@ class WorkerForm(forms.ModelForm):
         if self.instance.pk and self.instance.secret:
             self.fields["secret"].help_text = _(
                 "A secret is set. Leave blank to keep it, or type a new one to replace it. "
-                "Requests are signed the Standard Webhooks way."
+                "Requests are signed the Standard Webhooks way. A replaced or removed secret "
+                "keeps signing beside the new one until it expires (the retiring secrets "
+                "below), so that receivers can switch over."
             )
         else:
             self.fields["secret"].help_text = _(

@@ -22,9 +22,10 @@ from ..models import Queue, Worker
 from . import breakers, dead_letters, health, pausing, worker_test
 from .common import refuse_unpermitted, touches_hidden_field
 from .forms import WorkerForm
+from .retiring_secrets import RetiringSecretInline
 
 if TYPE_CHECKING:
-    from django.contrib.admin.options import _FieldsetSpec
+    from django.contrib.admin.options import InlineModelAdmin, _FieldsetSpec
     from django_stubs_ext import StrOrPromise, WithAnnotations
 
     class _WorkerCounts(TypedDict):
@@ -105,6 +106,7 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     readonly_fields = ("id", "created_at", "breaker", "breaker_since")
     #: What no URL parameter may filter on: a lookup on them (secret__startswith=...)
     #: would tell a guesser whether the guess is right, one request per character.
+    #: (A lookup through the retiring secrets, retiring_secrets__secret, is refused too.)
     hidden_fields = ("secret", "endpoint")
     fieldsets = (
         (None, {"fields": ("name", "endpoint", "rps", "burst", "timeout", "active")}),
@@ -163,6 +165,13 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
             )
             for title, opts in fieldsets
         )
+
+    def get_inlines(self, request: HttpRequest, obj: Worker | None) -> list[type[InlineModelAdmin]]:
+        # Only on the page of a worker with retiring secrets: the others' forms post no
+        # formset (a row retired after the page was shown asks the editor to save again).
+        if obj is not None and obj.retiring_secrets.exists():
+            return [RetiringSecretInline]
+        return []
 
     def get_readonly_fields(self, request: HttpRequest, obj: Worker | None = None) -> Any:
         return (*super().get_readonly_fields(request, obj), "secret_state", "masked_endpoint")

@@ -2,9 +2,10 @@
 
 The action POSTs, from the admin's process and synchronously, what a worker receives for a
 delivery (:func:`pgmb.worker_request.build_headers`: pgmb's headers, signed the Standard
-Webhooks way with the worker's secret) with a small JSON body of its own and the header
-``pgmb-test: 1``, and shows what came back: the status, the time taken, a short escaped
-excerpt of the answer, or why there was none (refused, timed out, TLS, a bad secret...).
+Webhooks way with each secret that signs its deliveries, retiring ones included) with a
+small JSON body of its own and the header ``pgmb-test: 1``, and shows what came back: the
+status, the time taken, a short escaped excerpt of the answer, or why there was none
+(refused, timed out, TLS, a bad secret...).
 Redirects are not followed (neither does the dispatcher).
 
 The worker's timeout is a total deadline, as on both dispatch paths: connecting, sending and
@@ -42,6 +43,7 @@ from .. import endpoint_policy
 from ..endpoint_masking import mask_credentials
 from ..models import Worker
 from ..worker_request import build_headers
+from ..worker_secrets import signing_secrets
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -175,7 +177,7 @@ def send_test_request(worker: Worker) -> TestResult:
             attempt=1,
             headers=None,
             body=body,
-            secret=worker.secret,
+            secrets=signing_secrets(worker),
             timestamp=int(time.time()),
         )
     except ValueError as exc:  # the secret breaks the rule; the message never quotes it

@@ -387,7 +387,7 @@ class Dispatcher:
                 attempt=row.attempt,
                 headers=row.headers,
                 body=body,
-                secret=row.secret,
+                secrets=row.secrets,
                 timestamp=int(time.time()),
             )
             outcome = await post(

@@ -137,6 +137,7 @@ def test_an_endpoint_slower_than_the_timeout_is_reported(
     assert outcome.error == "Timed out waiting for the answer (timeout 0.2 s)."
 
 
+@pytest.mark.django_db  # which secrets sign is asked of the database (pgmb.signing_secrets)
 def test_a_bad_secret_is_reported_without_sending(recording_server):
     # The database refuses such a secret; a worker object that holds one is still reported.
     worker = Worker(name="w", endpoint=recording_server.url("/hook"), secret="whsec_!!")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import pgmb
-from pgmb.models import Attempt, DeadLetter, Delivery, Message
+from pgmb.models import Attempt, DeadLetter, Delivery, Message, Worker
 from pgmb.worker_request import build_headers
 from tests.httpserver import hangup, reply, retry_after, slow
 
@@ -23,9 +23,19 @@ def test_sql_hmac_matches_python(pg, key):
     assert digest == hmac.new(key, data, hashlib.sha256).digest()
 
 
-@pytest.mark.parametrize("secret", ["", "plain", "whsec_" + base64.b64encode(b"k" * 24).decode()])
-def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, secret):
-    worker = make_worker(secret=secret)
+WHSEC = "whsec_" + base64.b64encode(b"k" * 24).decode()
+
+
+@pytest.mark.parametrize(
+    "secrets",
+    # The worker's secrets in turn: the last is current; the others retire (rotation).
+    [[""], ["plain"], [WHSEC], [WHSEC, "plain"], ["plain", "", WHSEC]],
+)
+def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, secrets):
+    worker = make_worker(secret=secrets[0])
+    for secret in secrets[1:]:
+        Worker.objects.filter(pk=worker.pk).update(secret=secret)
+    signing = [s for s in [secrets[-1], *reversed(secrets[:-1])] if s]
     make_queue("#", name="hq", worker=worker)
     headers = {
         "tenant": "eu",
@@ -56,10 +66,11 @@ def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, se
         attempt=attempt,
         headers=headers,
         body=body.encode(),
-        secret=secret,
+        secrets=signing,
         timestamp=1700000000,
     )
     assert sql_headers == python_headers
+    assert len(sql_headers.get("webhook-signature", "").split()) == len(signing)
     assert sql_headers["tenant"] == "eu"
     assert "crlf" not in sql_headers and "unicode" not in sql_headers
     # The transports send their own User-Agent, never a message's (0032).

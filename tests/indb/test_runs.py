@@ -40,12 +40,12 @@ def test_run_headers_follow_the_python_dispatchers_rule(pg, make_worker, make_qu
         "WITH c AS (SELECT array_agg(c) AS cs FROM pgmb.claim(NULL, 10) AS c),"
         " h AS (SELECT cs, pgmb.run_headers(cs, 1700000000) AS hs FROM c)"
         " SELECT (cs[n]).message_id, (cs[n]).routing_key, (cs[n]).queue, (cs[n]).attempt,"
-        "        (cs[n]).secret, m.body::text, hs[n]"
+        "        (cs[n]).secrets, m.body::text, hs[n]"
         " FROM h CROSS JOIN generate_subscripts(cs, 1) AS n"
         " JOIN pgmb_message m ON m.id = (cs[n]).message_id"
     ).fetchall()
     assert len(rows) == 6
-    for message_id, key, queue, attempt, secret, body, sql_headers in rows:
+    for message_id, key, queue, attempt, signing, body, sql_headers in rows:
         assert sql_headers == build_headers(
             message_id=str(message_id),
             routing_key=key,
@@ -53,7 +53,7 @@ def test_run_headers_follow_the_python_dispatchers_rule(pg, make_worker, make_qu
             attempt=attempt,
             headers=headers,
             body=body.encode(),
-            secret=secret,
+            secrets=signing,
             timestamp=1700000000,
         )
 

@@ -464,7 +464,8 @@ def test_secrets(secret, accepted):
         message_id, timestamp, body = str(uuid.uuid4()), 1_700_000_000, '{"a": "é"}'
         ok, signature = sql(
             "SELECT pgmb.request_headers(ROW(1, gen_random_uuid(), 1, 1, gen_random_uuid(), 'q',"
-            " %s::uuid, 'k', %s, '{}'::jsonb, now(), gen_random_uuid(), 'http://a/', 1, %s, 1,"
+            " %s::uuid, 'k', %s, '{}'::jsonb, now(), gen_random_uuid(), 'http://a/', 1,"
+            " ARRAY[%s], 1,"
             " 60)::pgmb.claimed, %s) ->> 'webhook-signature'",
             (message_id, body, secret, timestamp),
         )
@@ -501,8 +502,8 @@ def test_a_bad_secret_from_before_the_rule_is_reported_clearly():
     assert "whsec_topsecret" not in message
     signing = sql(
         "SELECT pgmb.request_headers(ROW(1, gen_random_uuid(), 1, 1, gen_random_uuid(), 'q',"
-        " gen_random_uuid(), 'k', '{}', '{}'::jsonb, now(), w.id, w.endpoint, 1, w.secret, 1,"
-        " 60)::pgmb.claimed, 1) FROM pgmb_worker w WHERE w.name = 'legacy'",
+        " gen_random_uuid(), 'k', '{}', '{}'::jsonb, now(), w.id, w.endpoint, 1, ARRAY[w.secret],"
+        " 1, 60)::pgmb.claimed, 1) FROM pgmb_worker w WHERE w.name = 'legacy'",
         (),
     )
     assert signing[0] is False and "invalid worker secret" in str(signing[1])

@@ -13,10 +13,11 @@ CREATE SCHEMA IF NOT EXISTS pgmb;
 
 -- What a claim hands a dispatcher: the delivery, its message, and where to post it.
 -- max_attempts (1 + the queue's max_retries): a failure of that attempt dead-letters.
+-- secrets: those that sign the request (pgmb.signing_secrets), current first; empty: unsigned.
 CREATE TYPE pgmb.claimed AS (
     delivery_id bigint, lease_id uuid, attempt integer, max_attempts integer, queue_id uuid,
     queue text, message_id uuid, routing_key text, body text, headers jsonb,
-    created_at timestamptz, worker_id uuid, endpoint text, timeout float8, secret text,
+    created_at timestamptz, worker_id uuid, endpoint text, timeout float8, secrets text[],
     rps integer, lease_seconds float8
 );
 
@@ -239,6 +240,54 @@ BEGIN
     RETURN convert_to(secret, 'UTF8');
 END $$;
 
+-- Rotation (docs/delivery.md, docs/decisions/0038-secret-rotation.md). A worker's secret
+-- replaced by any writer keeps signing, as a retiring secret in pgmb_worker_secret, for
+-- this long, unless its expiry is changed or it is revoked (its row deleted). The default
+-- overlap's one home.
+CREATE OR REPLACE FUNCTION pgmb.secret_overlap() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT interval '24 hours'
+$$;
+
+-- The secrets that sign a worker's requests at time `at`, the one rule for every signing
+-- path (the claim hands them to the external dispatcher and the in-database transports;
+-- the admin's test request asks here): its secret `current` unless empty, then its retiring
+-- secrets that have not expired, the most recently retired first. An empty array: the
+-- requests are not signed.
+CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
+RETURNS text[]
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT array_remove(ARRAY[current], '') || ARRAY(
+        SELECT s.secret::text FROM pgmb_worker_secret s
+        WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
+        ORDER BY s.retired_at DESC, s.id DESC)
+$$;
+
+-- The worker trigger's part of rotation (models.Worker's worker_retire_secret, on an
+-- UPDATE that changes the secret): the old secret, unless empty or broken (one stored
+-- before the rule, which could not sign), retires for pgmb.secret_overlap(); a secret
+-- that becomes current again stops retiring; the worker's expired ones are removed.
+CREATE OR REPLACE FUNCTION pgmb.retire_secret(worker_id uuid, old_secret text, new_secret text)
+RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM pgmb_worker_secret s
+    WHERE s.worker_id = retire_secret.worker_id
+      AND (s.secret = new_secret OR s.expires_at <= now());
+    INSERT INTO pgmb_worker_secret (worker_id, secret, retired_at, expires_at)
+    SELECT retire_secret.worker_id, old_secret, now(), now() + pgmb.secret_overlap()
+    WHERE old_secret <> '' AND pgmb.secret_problem(old_secret) IS NULL
+    ON CONFLICT (worker_id, secret)
+    DO UPDATE SET retired_at = excluded.retired_at, expires_at = excluded.expires_at;
+$$;
+
+-- Removes the retiring secrets that have expired (they sign nothing any more): called by
+-- pgmb.maintenance() and the dispatcher's housekeeping. Returns how many.
+CREATE OR REPLACE FUNCTION pgmb.forget_expired_secrets() RETURNS integer
+LANGUAGE sql AS $$
+    WITH gone AS (DELETE FROM pgmb_worker_secret s WHERE s.expires_at <= now() RETURNING 1)
+    SELECT count(*)::integer FROM gone
+$$;
+
 -- Seconds to wait from a Retry-After value, never negative, or NULL for anything else
 -- (never an error). The rule and its regex are pgmb.dispatch.client.RETRY_AFTER_PATTERN:
 -- blanks (space, tab) around delta-seconds (ASCII digits) or an IMF-fixdate HTTP-date.
@@ -359,6 +408,13 @@ ALTER TABLE pgmb_worker
     ADD CONSTRAINT pgmb_worker_burst_positive CHECK (burst > 0),
     ADD CONSTRAINT pgmb_worker_breaker_state
         CHECK (breaker_state::text = ANY ('{closed,open,half_open}'::text[]));
+
+-- A worker's retiring secrets (models.WorkerSecret): deleting the worker, by any writer,
+-- takes them along; each one is a secret that can sign (pgmb.secret_problem).
+ALTER TABLE pgmb_worker_secret
+    ADD CONSTRAINT pgmb_worker_secret_worker FOREIGN KEY (worker_id) REFERENCES pgmb_worker (id)
+        ON DELETE CASCADE,
+    ADD CONSTRAINT pgmb_worker_secret_usable CHECK (secret <> '' AND pgmb.secret_problem(secret) IS NULL);
 
 ALTER TABLE pgmb_queue
     ALTER COLUMN id SET DEFAULT gen_random_uuid(),
@@ -1282,6 +1338,7 @@ DECLARE
     bucket float8;
     taken integer;
     picked bigint[];
+    secrets text[];
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
@@ -1304,8 +1361,10 @@ BEGIN
         -- written once below, less what was taken.
         SELECT least(greatest(1, wk.rps * wk.burst),
                      wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-               wk.breaker_state
-        INTO bucket, breaker
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t)
+        INTO bucket, breaker, secrets
         FROM pgmb_worker wk WHERE wk.id = w.id
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
@@ -1338,7 +1397,7 @@ BEGIN
             )
             SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
                    l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
-                   wk.id, wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
             FROM unnest(picked) WITH ORDINALITY AS p(id, n)
             JOIN leased l ON l.id = p.id
             JOIN pgmb_message m ON m.id = l.message_id
@@ -2552,8 +2611,8 @@ LANGUAGE sql AS $$
     SELECT EXISTS (SELECT FROM beat)
 $$;
 
--- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, and the rows
--- of dispatchers stopped or gone for longer than `keep`.
+-- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, the rows
+-- of dispatchers stopped or gone for longer than `keep`, and expired retiring secrets.
 CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2565,6 +2624,7 @@ BEGIN
     DELETE FROM pgmb_dispatcher d
     WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
       AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
+    PERFORM pgmb.forget_expired_secrets();
     RETURN reclaimed;
 END $$;
 
@@ -3218,7 +3278,7 @@ END $$;
 -- The headers of each request of a run, as pgmb/worker_request.py builds them: the
 -- message's own headers (printable ASCII values of valid names, none reserved: the
 -- names the transports set themselves, User-Agent included, are dropped whatever their case),
--- pgmb's, and a Standard Webhooks signature when the worker has a secret. The header rule's
+-- pgmb's, and a Standard Webhooks signature per signing secret (c.secrets). The header rule's
 -- one SQL home.
 CREATE OR REPLACE FUNCTION pgmb.run_headers(requests pgmb.claimed[], unix_time bigint)
 RETURNS jsonb[]
@@ -3241,12 +3301,17 @@ BEGIN
                    'pgmb-routing-key', c.routing_key,
                    'pgmb-queue', c.queue,
                    'pgmb-attempt', c.attempt::text)
-            || CASE WHEN coalesce(c.secret, '') = '' THEN '{}'::jsonb ELSE jsonb_build_object(
+            -- One "v1,<signature>" per secret, space-separated, in the order given (current
+            -- first): a receiver holding any of them verifies (rotation).
+            || CASE WHEN coalesce(cardinality(c.secrets), 0) = 0 THEN '{}'::jsonb ELSE jsonb_build_object(
                    'webhook-id', c.message_id::text,
                    'webhook-timestamp', unix_time::text,
-                   'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
-                       pgmb.secret_key(c.secret),
-                       convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
+                   'webhook-signature', (
+                       SELECT string_agg('v1,' || encode(pgmb.hmac_sha256(
+                                  pgmb.secret_key(s.secret),
+                                  convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'),
+                              ' ' ORDER BY s.n)
+                       FROM unnest(c.secrets) WITH ORDINALITY AS s(secret, n)))
                END
             ORDER BY c.ordinality)
     INTO built

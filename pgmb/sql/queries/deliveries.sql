@@ -7,7 +7,7 @@
 SELECT c.delivery_id, c.lease_id, c.attempt, c.max_attempts, c.queue,
        c.message_id::text AS message_id, c.routing_key, c.body,
        nullif(c.headers, '{}'::jsonb) AS headers, c.worker_id::text AS worker_id, c.endpoint,
-       c.timeout, c.secret, c.rps, c.lease_seconds
+       c.timeout, c.secrets, c.rps, c.lease_seconds
 FROM pgmb.claim(queue_names => %(queues)s, max_count => %(limit)s) AS c
 
 -- name: ack

@@ -95,3 +95,8 @@ RETURN NULL;
 -- name: release_after_dead_letter
 PERFORM pgmb.release_dependents(OLD.message_id);
 RETURN NULL;
+
+-- name: worker_retire_secret
+-- Only an UPDATE that changes the secret gets here (the trigger's WHEN).
+PERFORM pgmb.retire_secret(NEW.id, OLD.secret, NEW.secret);
+RETURN NULL;

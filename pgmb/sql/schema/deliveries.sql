@@ -95,6 +95,7 @@ DECLARE
     bucket float8;
     taken integer;
     picked bigint[];
+    secrets text[];
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
@@ -117,8 +118,10 @@ BEGIN
         -- written once below, less what was taken.
         SELECT least(greatest(1, wk.rps * wk.burst),
                      wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-               wk.breaker_state
-        INTO bucket, breaker
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t)
+        INTO bucket, breaker, secrets
         FROM pgmb_worker wk WHERE wk.id = w.id
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
@@ -151,7 +154,7 @@ BEGIN
             )
             SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
                    l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
-                   wk.id, wk.endpoint::text, wk.timeout, wk.secret::text, wk.rps, l.lease_seconds
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
             FROM unnest(picked) WITH ORDINALITY AS p(id, n)
             JOIN leased l ON l.id = p.id
             JOIN pgmb_message m ON m.id = l.message_id

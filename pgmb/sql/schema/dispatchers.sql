@@ -51,8 +51,8 @@ LANGUAGE sql AS $$
     SELECT EXISTS (SELECT FROM beat)
 $$;
 
--- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, and the rows
--- of dispatchers stopped or gone for longer than `keep`.
+-- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, the rows
+-- of dispatchers stopped or gone for longer than `keep`, and expired retiring secrets.
 CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -64,6 +64,7 @@ BEGIN
     DELETE FROM pgmb_dispatcher d
     WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
       AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
+    PERFORM pgmb.forget_expired_secrets();
     RETURN reclaimed;
 END $$;
 

@@ -602,7 +602,7 @@ END $$;
 -- The headers of each request of a run, as pgmb/worker_request.py builds them: the
 -- message's own headers (printable ASCII values of valid names, none reserved: the
 -- names the transports set themselves, User-Agent included, are dropped whatever their case),
--- pgmb's, and a Standard Webhooks signature when the worker has a secret. The header rule's
+-- pgmb's, and a Standard Webhooks signature per signing secret (c.secrets). The header rule's
 -- one SQL home.
 CREATE OR REPLACE FUNCTION pgmb.run_headers(requests pgmb.claimed[], unix_time bigint)
 RETURNS jsonb[]
@@ -625,12 +625,17 @@ BEGIN
                    'pgmb-routing-key', c.routing_key,
                    'pgmb-queue', c.queue,
                    'pgmb-attempt', c.attempt::text)
-            || CASE WHEN coalesce(c.secret, '') = '' THEN '{}'::jsonb ELSE jsonb_build_object(
+            -- One "v1,<signature>" per secret, space-separated, in the order given (current
+            -- first): a receiver holding any of them verifies (rotation).
+            || CASE WHEN coalesce(cardinality(c.secrets), 0) = 0 THEN '{}'::jsonb ELSE jsonb_build_object(
                    'webhook-id', c.message_id::text,
                    'webhook-timestamp', unix_time::text,
-                   'webhook-signature', 'v1,' || encode(pgmb.hmac_sha256(
-                       pgmb.secret_key(c.secret),
-                       convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'))
+                   'webhook-signature', (
+                       SELECT string_agg('v1,' || encode(pgmb.hmac_sha256(
+                                  pgmb.secret_key(s.secret),
+                                  convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'),
+                              ' ' ORDER BY s.n)
+                       FROM unnest(c.secrets) WITH ORDINALITY AS s(secret, n)))
                END
             ORDER BY c.ordinality)
     INTO built

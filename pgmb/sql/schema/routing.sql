@@ -168,6 +168,54 @@ BEGIN
     RETURN convert_to(secret, 'UTF8');
 END $$;
 
+-- Rotation (docs/delivery.md, docs/decisions/0038-secret-rotation.md). A worker's secret
+-- replaced by any writer keeps signing, as a retiring secret in pgmb_worker_secret, for
+-- this long, unless its expiry is changed or it is revoked (its row deleted). The default
+-- overlap's one home.
+CREATE OR REPLACE FUNCTION pgmb.secret_overlap() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT interval '24 hours'
+$$;
+
+-- The secrets that sign a worker's requests at time `at`, the one rule for every signing
+-- path (the claim hands them to the external dispatcher and the in-database transports;
+-- the admin's test request asks here): its secret `current` unless empty, then its retiring
+-- secrets that have not expired, the most recently retired first. An empty array: the
+-- requests are not signed.
+CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
+RETURNS text[]
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT array_remove(ARRAY[current], '') || ARRAY(
+        SELECT s.secret::text FROM pgmb_worker_secret s
+        WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
+        ORDER BY s.retired_at DESC, s.id DESC)
+$$;
+
+-- The worker trigger's part of rotation (models.Worker's worker_retire_secret, on an
+-- UPDATE that changes the secret): the old secret, unless empty or broken (one stored
+-- before the rule, which could not sign), retires for pgmb.secret_overlap(); a secret
+-- that becomes current again stops retiring; the worker's expired ones are removed.
+CREATE OR REPLACE FUNCTION pgmb.retire_secret(worker_id uuid, old_secret text, new_secret text)
+RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM pgmb_worker_secret s
+    WHERE s.worker_id = retire_secret.worker_id
+      AND (s.secret = new_secret OR s.expires_at <= now());
+    INSERT INTO pgmb_worker_secret (worker_id, secret, retired_at, expires_at)
+    SELECT retire_secret.worker_id, old_secret, now(), now() + pgmb.secret_overlap()
+    WHERE old_secret <> '' AND pgmb.secret_problem(old_secret) IS NULL
+    ON CONFLICT (worker_id, secret)
+    DO UPDATE SET retired_at = excluded.retired_at, expires_at = excluded.expires_at;
+$$;
+
+-- Removes the retiring secrets that have expired (they sign nothing any more): called by
+-- pgmb.maintenance() and the dispatcher's housekeeping. Returns how many.
+CREATE OR REPLACE FUNCTION pgmb.forget_expired_secrets() RETURNS integer
+LANGUAGE sql AS $$
+    WITH gone AS (DELETE FROM pgmb_worker_secret s WHERE s.expires_at <= now() RETURNING 1)
+    SELECT count(*)::integer FROM gone
+$$;
+
 -- Seconds to wait from a Retry-After value, never negative, or NULL for anything else
 -- (never an error). The rule and its regex are pgmb.dispatch.client.RETRY_AFTER_PATTERN:
 -- blanks (space, tab) around delta-seconds (ASCII digits) or an IMF-fixdate HTTP-date.

@@ -17,6 +17,13 @@ ALTER TABLE pgmb_worker
     ADD CONSTRAINT pgmb_worker_breaker_state
         CHECK (breaker_state::text = ANY ('{closed,open,half_open}'::text[]));
 
+-- A worker's retiring secrets (models.WorkerSecret): deleting the worker, by any writer,
+-- takes them along; each one is a secret that can sign (pgmb.secret_problem).
+ALTER TABLE pgmb_worker_secret
+    ADD CONSTRAINT pgmb_worker_secret_worker FOREIGN KEY (worker_id) REFERENCES pgmb_worker (id)
+        ON DELETE CASCADE,
+    ADD CONSTRAINT pgmb_worker_secret_usable CHECK (secret <> '' AND pgmb.secret_problem(secret) IS NULL);
+
 ALTER TABLE pgmb_queue
     ALTER COLUMN id SET DEFAULT gen_random_uuid(),
     ALTER COLUMN paused SET DEFAULT false,

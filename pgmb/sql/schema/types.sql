@@ -6,10 +6,11 @@ CREATE SCHEMA IF NOT EXISTS pgmb;
 
 -- What a claim hands a dispatcher: the delivery, its message, and where to post it.
 -- max_attempts (1 + the queue's max_retries): a failure of that attempt dead-letters.
+-- secrets: those that sign the request (pgmb.signing_secrets), current first; empty: unsigned.
 CREATE TYPE pgmb.claimed AS (
     delivery_id bigint, lease_id uuid, attempt integer, max_attempts integer, queue_id uuid,
     queue text, message_id uuid, routing_key text, body text, headers jsonb,
-    created_at timestamptz, worker_id uuid, endpoint text, timeout float8, secret text,
+    created_at timestamptz, worker_id uuid, endpoint text, timeout float8, secrets text[],
     rps integer, lease_seconds float8
 );
 

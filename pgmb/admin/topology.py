@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from django import forms
 from django.contrib import admin
 from django.db.models import Count, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     class _WorkerCounts(TypedDict):
         n_queues: int
+        n_signing_secrets: int
 
 
 class WorkerStateFilter(admin.SimpleListFilter):
@@ -137,7 +139,16 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Ordered again: a GROUP BY drops Meta.ordering, and the autocomplete's paginator
         # (a queue's worker field) needs an order.
-        return super().get_queryset(request).annotate(n_queues=Count("queues")).order_by("name")
+        # Signed: by its secret or by a retiring one, as pgmb.signing_secrets() decides.
+        signing = RawSQL(
+            "cardinality(pgmb.signing_secrets(pgmb_worker.secret, pgmb_worker.id, now()))", ()
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(n_queues=Count("queues"), n_signing_secrets=signing)
+            .order_by("name")
+        )
 
     def get_fieldsets(self, request: HttpRequest, obj: Worker | None = None) -> _FieldsetSpec:
         fieldsets = super().get_fieldsets(request, obj)
@@ -278,8 +289,8 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         return health.EMPTY if figures is None else figures.consecutive_failures
 
     @admin.display(boolean=True, description=_("signed"))
-    def signed(self, obj: Worker) -> bool:
-        return bool(obj.secret)
+    def signed(self, obj: WithAnnotations[Worker, _WorkerCounts]) -> bool:
+        return obj.n_signing_secrets > 0
 
     @admin.display(description=_("queues"), ordering="n_queues")
     def queue_count(self, obj: WithAnnotations[Worker, _WorkerCounts]) -> SafeString:

@@ -9,11 +9,14 @@ import datetime
 
 import psycopg
 import pytest
+from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.test import RequestFactory
 
 import pgmb
 from pgmb import deliveries, housekeeping, worker_secrets
+from pgmb.admin.topology import WorkerAdmin
 from pgmb.models import Worker, WorkerSecret
 
 A = "whsec_QUFBQUFBQUFBQUFBQUFBQQ=="
@@ -57,6 +60,11 @@ def test_which_secrets_sign(make_worker, make_queue, sql, current, retiring, sig
     assert by_sql == signing
     assert claimed.secrets == signing  # what both dispatch paths sign with
     assert worker_secrets.signing_secrets(worker) == signing  # the admin's test request
+    # What the monitoring view and the admin's list say: signed, while any secret signs.
+    assert sql("SELECT signed FROM pgmb.workers") == [(bool(signing),)]
+    request = RequestFactory().get("/")
+    [listed] = WorkerAdmin(Worker, admin.site).get_queryset(request)
+    assert WorkerAdmin.signed(WorkerAdmin(Worker, admin.site), listed) is bool(signing)
 
 
 def _retiring(worker: Worker) -> list[str]:

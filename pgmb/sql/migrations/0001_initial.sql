@@ -649,10 +649,11 @@ END
 FROM (SELECT regexp_match(url, '^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@(.*)$') AS m) AS parsed
 $$;
 
--- The workers, with whether they sign their requests instead of their secrets, and their
--- endpoints' credentials masked.
+-- The workers, with whether they sign their requests (by their secret or a retiring one,
+-- pgmb.signing_secrets) instead of their secrets, and their endpoints' credentials masked.
 CREATE OR REPLACE VIEW pgmb.workers AS
-SELECT w.id, w.name, pgmb.mask_credentials(w.endpoint) AS endpoint, w.rps, w.timeout, w.active, (w.secret <> '') AS signed, w.created_at
+SELECT w.id, w.name, pgmb.mask_credentials(w.endpoint) AS endpoint, w.rps, w.timeout, w.active,
+       cardinality(pgmb.signing_secrets(w.secret, w.id, now())) > 0 AS signed, w.created_at
 FROM pgmb_worker w;
 
 -- The queues with their counts of live deliveries and dead letters; a pull queue has no

@@ -229,3 +229,23 @@ BEGIN
     END IF;
     RETURN true;  -- the writers went away meanwhile
 END $$;
+
+-- Makes each of these functions (regprocedure texts) act for its caller as pgmb's owner:
+-- SECURITY DEFINER with search_path pg_catalog first, so that no object of the tables'
+-- schema can stand in for a built-in of the same argument types; then the tables' schema
+-- (the schema Django created them in, which pgmb.refuse_writable_schemas keeps closed to
+-- other roles); pg_temp last, so no temporary object can stand in for one
+-- (docs/decisions/0026-definers-refuse-writable-schemas.md). CREATE OR REPLACE drops these
+-- settings: each schema file that defines entry points calls this after them.
+CREATE OR REPLACE FUNCTION pgmb.pin_definers(signatures text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.oid = 'pgmb_message'::regclass);
+    f text;
+BEGIN
+    FOREACH f IN ARRAY signatures LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp',
+                       f::regprocedure, tables);
+    END LOOP;
+END $$;

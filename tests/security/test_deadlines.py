@@ -22,10 +22,10 @@ WORKER_FORM = {
 }
 
 
-def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_queue):
-    queue = make_queue(lease_seconds=5)
-    make_queue(worker=queue.worker, lease_seconds=30)
-    worker = queue.worker
+def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_worker, make_queue):
+    worker = make_worker(timeout=4)
+    make_queue(worker=worker, lease_seconds=5)
+    make_queue(worker=worker, lease_seconds=30)
 
     response = admin_client.post(
         url("worker_change", worker.pk), {**WORKER_FORM, "name": worker.name, "timeout": "5"}
@@ -38,7 +38,7 @@ def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_queue
         ]
     }
     worker.refresh_from_db()
-    assert worker.timeout == 10.0
+    assert worker.timeout == 4.0
 
     accepted = admin_client.post(
         url("worker_change", worker.pk), {**WORKER_FORM, "name": worker.name, "timeout": "4.5"}
@@ -48,8 +48,8 @@ def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_queue
     assert worker.timeout == 4.5
 
 
-def test_full_clean_refuses_it_too(make_queue):
-    worker = make_queue(lease_seconds=2).worker
+def test_full_clean_refuses_it_too(make_worker, make_queue):
+    worker = make_queue(worker=make_worker(timeout=1), lease_seconds=2).worker
     worker.timeout = 3
     with pytest.raises(ValidationError) as caught:
         worker.full_clean()

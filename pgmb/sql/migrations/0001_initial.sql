@@ -482,13 +482,44 @@ BEGIN
     RETURN w;
 END $_$;
 
+-- Whether a worker's request timeout ends within a queue's lease: strictly shorter, so
+-- that a request ends before its delivery can be claimed and posted again (NaN, greatest
+-- of all here, ends within nothing). The rule of pgmb.models.timeout_within_lease
+-- (tests/rules, one table of cases for both).
+CREATE OR REPLACE FUNCTION pgmb.timeout_within_lease(timeout double precision, lease double precision)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT coalesce(timeout < lease, false) $$;
+
+-- The worker_timeout trigger (a changed timeout): the new timeout ends within the lease of
+-- every queue the worker delivers for, or the update is refused naming the shortest one.
+CREATE OR REPLACE FUNCTION pgmb.check_worker_timeout(w public.pgmb_worker) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    queue text;
+    lease double precision;
+BEGIN
+    SELECT q.name, q.lease_seconds INTO queue, lease FROM pgmb_queue q
+    WHERE q.worker_id = w.id AND NOT pgmb.timeout_within_lease(w.timeout, q.lease_seconds)
+    ORDER BY q.lease_seconds, q.name LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'invalid timeout % s for worker %: it must be shorter than the lease of queue % (% s)',
+                        w.timeout, quote_literal(w.name), quote_literal(queue), lease
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A request that outlasts its lease is posted twice: shorten the timeout or lengthen the lease.';
+    END IF;
+END $$;
+
 -- The BEFORE INSERT OR UPDATE trigger function of pgmb_queue: checks the name (and that
 -- no other queue would own its views), compiles the binding key into the pattern and the
--- binding tags, and checks the retry, backoff and lease settings.
+-- binding tags, and checks the retry, backoff and lease settings, the lease against its
+-- worker's timeout included.
 CREATE OR REPLACE FUNCTION pgmb.prepare_queue(q pgmb_queue) RETURNS pgmb_queue
 LANGUAGE plpgsql AS $$
 DECLARE
     other text;
+    worker text;
+    timeout double precision;
 BEGIN
     PERFORM pgmb.check_name('queue', q.name);
     SELECT name INTO other FROM pgmb_queue
@@ -518,6 +549,14 @@ BEGIN
     IF q.lease_seconds > 2592000 OR q.backoff_base > 2592000 OR q.backoff_max > 2592000 THEN
         RAISE EXCEPTION 'invalid durations for queue %: the lease and the backoff may be at most 30 days (2592000 s)', q.name
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A queue's writes are rare (created, changed, paused): one look-up of its worker.
+    SELECT w.name, w.timeout INTO worker, timeout FROM pgmb_worker w WHERE w.id = q.worker_id;
+    IF FOUND AND NOT pgmb.timeout_within_lease(timeout, q.lease_seconds) THEN
+        RAISE EXCEPTION 'invalid lease % s for queue %: it must be longer than the timeout of worker % (% s)',
+                        q.lease_seconds, quote_literal(q.name), quote_literal(worker), timeout
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A request that outlasts its lease is posted twice: lengthen the lease or shorten the worker''s timeout.';
     END IF;
     RETURN q;
 END $$;

@@ -8,10 +8,11 @@ Three steps. Spark reads the dataset and every row is checked by pgmb's own rule
 executors; one bad row stops the run with one line naming the first few (file and row)
 before anything is written. Then each partition publishes its rows in batches, each one
 routed insert into ``pgmb_message`` (the routing trigger creates the deliveries, as for
-:func:`pgmb.send_batch`). With ``--id-column`` the run is idempotent: an id already stored
-is skipped, so a re-run (after a crash, or by mistake) publishes nothing twice. Without
-one, ids are generated and a re-run publishes every row again. Progress is reported while
-it runs, a summary at the end.
+:func:`pgmb.send_batch`); a row that breaks a message limit is refused on its own, and the
+summary counts those and names the first few, where they are and why. With
+``--id-column`` the run is idempotent: an id already stored is skipped, so a re-run (after
+a crash, or by mistake) publishes nothing twice. Without one, ids are generated and a
+re-run publishes every row again. Progress is reported while it runs, a summary at the end.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .publish_input import (
 )
 from .publish_rows import (
     CHECKED,
+    EXAMPLES,
     WRITTEN,
     Bad,
     Plan,
@@ -277,10 +279,12 @@ def run(spark: SparkSession, database: Database, options: argparse.Namespace, ou
             return 0
         began = time.monotonic()
         written = _write(spark, staged, plan, rows, options.progress_seconds, out)
+        writing = time.monotonic() - began
+        _summary(out, written, plan, writing, time.monotonic() - started)
+        _report_refused(out, staged, written)
     finally:
         if staged is not None:
             staged.unpersist()
-    _summary(out, written, plan, time.monotonic() - began, time.monotonic() - started)
     return 0
 
 
@@ -294,16 +298,34 @@ def _stage(messages: DataFrame, plan: Plan, partitions: int) -> DataFrame:
     return messages.repartition(tasks, *by).persist()
 
 
+def _report_refused(out: Output, staged: DataFrame, written: list[Written]) -> None:
+    """One line for the rows the message limits refused: how many, and the first few with
+    where they are and why (their reasons are pgmb.message_limits' words)."""
+    refused = sum(w.refused for w in written)
+    if not refused:
+        return
+    first = sorted((b for w in written for b in w.refusals), key=lambda b: b.pos)[:EXAMPLES]
+    shown = "; ".join(f"{_where(staged, b)}: {b.problem}" for b in first)
+    say(
+        out,
+        f"publish: warning: {refused:,} rows break the message limits and were not "
+        f"published: {shown}",
+    )
+
+
 def _summary(out: Output, written: list[Written], plan: Plan, writing: float, whole: float) -> None:
     rows = sum(w.rows for w in written)
     inserted = sum(w.inserted for w in written)
+    refused = sum(w.refused for w in written)
     deliveries = sum(w.deliveries for w in written)
     unrouted = sum(w.unrouted for w in written)
     say(
         out,
-        f"publish: {rows:,} rows read, {inserted:,} published, {rows - inserted:,} skipped "
-        f"as duplicates, {deliveries:,} deliveries routed; {rows / max(writing, 1e-9):,.0f} "
-        f"rows/s ({writing:.1f} s publishing, {whole:.1f} s in all)",
+        f"publish: {rows:,} rows read, {inserted:,} published, "
+        + (f"{refused:,} refused, " if refused else "")
+        + f"{rows - inserted - refused:,} skipped as duplicates, {deliveries:,} deliveries "
+        f"routed; {rows / max(writing, 1e-9):,.0f} rows/s ({writing:.1f} s publishing, "
+        f"{whole:.1f} s in all)",
     )
     if unrouted:
         keys = sorted({k for w in written for k in w.unrouted_keys})[:3]

@@ -64,6 +64,8 @@ class Plan:
     ``seconds`` or ``at`` (an absolute time as ISO text) is the constant ``--delay``, used
     for rows that carry none. ``patterns`` are the queues' compiled binding keys when the
     run started: what the routing trigger matches, so that deliveries can be counted.
+    ``every_refusal``: the partitions return every row the message limits refuse (for
+    ``--refused``), not only the first few.
     """
 
     dsn: str = field(repr=False)
@@ -72,6 +74,7 @@ class Plan:
     seconds: float | None = None
     at: str | None = None
     patterns: tuple[str, ...] = ()
+    every_refusal: bool = False
 
 
 class Bad(NamedTuple):
@@ -264,14 +267,16 @@ def _routes(plan: Plan) -> Callable[[str], int]:
 
 @dataclass
 class Refusals:
-    """The rows of a partition that the message limits refuse: how many, the first few."""
+    """The rows of a partition that the message limits refuse: how many, and the first few
+    (or ``every`` one) with their reasons."""
 
+    every: bool = False
     count: int = 0
     first: list[Bad] = field(default_factory=list)
 
     def add(self, row: tuple[Any, ...], reason: str) -> None:
         self.count += 1
-        if len(self.first) < EXAMPLES:
+        if self.every or len(self.first) < EXAMPLES:
             self.first.append(Bad(row[POS], row[ID], reason))
 
 
@@ -307,7 +312,7 @@ def write_partition(
     """
     query = functools.partial(sql.query, "pipeline_publish.sql")
     routes = _routes(plan)
-    refusals = Refusals()
+    refusals = Refusals(every=plan.every_refusal)
     seen = inserted = deliveries = unrouted = 0
     unrouted_keys: list[str] = []
     try:

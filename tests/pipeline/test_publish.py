@@ -389,6 +389,7 @@ def test_rows_breaking_a_limit_are_refused_one_by_one_with_their_reasons(
         {"id": event_id(5), "body": {"n": 5}},
     ]
     path = write_jsonl(tmp_path / "events.jsonl", records)
+    record = tmp_path / "refused.jsonl"
 
     report = run_pipeline(
         "publish",
@@ -397,6 +398,7 @@ def test_rows_breaking_a_limit_are_refused_one_by_one_with_their_reasons(
         "--body-column=body",
         "--headers-column=headers",
         "--id-column=id",
+        f"--refused={record}",
     )
 
     line = next(li for li in report.splitlines() if " rows read, " in li)
@@ -405,13 +407,21 @@ def test_rows_breaking_a_limit_are_refused_one_by_one_with_their_reasons(
     assert stored == {event_id(n) for n in (0, 2, 5)}
     assert table_counts() == (3, 9)
     [warning] = [li for li in report.splitlines() if "break the message limits" in li]
+    reasons = [
+        "header 'Authorization' is reserved: the broker or the worker sets it",
+        "the body: nested deeper than 64 levels (limit max_depth)",
+        "65 headers, at most 64 (limit max_headers)",
+    ]
     assert warning == (
-        "publish: warning: 3 rows break the message limits and were not published: "
-        f"row 2 of {path} (id {event_id(1)}): header 'Authorization' is reserved: the broker "
-        f"or the worker sets it; row 4 of {path} (id {event_id(3)}): the body: nested deeper "
-        f"than 64 levels (limit max_depth); row 5 of {path} (id {event_id(4)}): 65 headers, "
-        "at most 64 (limit max_headers)"
+        f"publish: warning: 3 rows break the message limits and were not published (every "
+        f"one in {record}): row 2 of {path} (id {event_id(1)}): {reasons[0]}; row 4 of "
+        f"{path} (id {event_id(3)}): {reasons[1]}; row 5 of {path} (id {event_id(4)}): "
+        f"{reasons[2]}"
     )
+    assert [json.loads(li) for li in record.read_text().splitlines()] == [
+        {"file": path, "row": row, "id": event_id(row - 1), "reason": reason}
+        for row, reason in zip((2, 4, 5), reasons, strict=True)
+    ]
 
 
 @pytest.mark.spark

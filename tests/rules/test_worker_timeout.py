@@ -137,3 +137,18 @@ def test_a_queue_whose_lease_changes(timeout, lease, accepted):
         assert f"timeout of worker '{worker.name}' ({timeout:.15g} s)" in refusal
     queue.refresh_from_db()
     assert queue.lease_seconds == (lease if accepted else LONGEST_LEASE)
+
+
+def test_a_queue_stored_before_the_rule_can_still_be_paused():
+    worker = _worker(0.5)
+    queue = _queue(1.0, worker)
+    with connection.cursor() as cursor:  # as a database from before the rule could hold
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            cursor.execute("UPDATE pgmb_worker SET timeout = 5 WHERE id = %s", (worker.pk,))
+        finally:
+            cursor.execute("SET session_replication_role = DEFAULT")
+
+    assert _sql("UPDATE pgmb_queue SET paused = true WHERE id = %s", queue.pk) == (True, "")
+    done, refusal = _sql("UPDATE pgmb_queue SET lease_seconds = 2 WHERE id = %s", queue.pk)
+    assert not done and "the timeout of worker" in refusal

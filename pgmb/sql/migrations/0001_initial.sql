@@ -550,8 +550,13 @@ BEGIN
         RAISE EXCEPTION 'invalid durations for queue %: the lease and the backoff may be at most 30 days (2592000 s)', q.name
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A queue's writes are rare (created, changed, paused): one look-up of its worker.
-    SELECT w.name, w.timeout INTO worker, timeout FROM pgmb_worker w WHERE w.id = q.worker_id;
+    -- A queue's writes are rare (created, changed, paused): one look-up of its worker. An
+    -- unchanged lease and worker stay accepted, as the worker's other rules do: a row
+    -- stored before the rule can still be paused.
+    SELECT w.name, w.timeout INTO worker, timeout FROM pgmb_worker w
+    WHERE w.id = q.worker_id
+      AND NOT EXISTS (SELECT FROM pgmb_queue o
+                      WHERE o.id = q.id AND o.worker_id = q.worker_id AND o.lease_seconds = q.lease_seconds);
     IF FOUND AND NOT pgmb.timeout_within_lease(timeout, q.lease_seconds) THEN
         RAISE EXCEPTION 'invalid lease % s for queue %: it must be longer than the timeout of worker % (% s)',
                         q.lease_seconds, quote_literal(q.name), quote_literal(worker), timeout

@@ -83,6 +83,14 @@ def validate_secret(value: str) -> None:
         )
 
 
+def timeout_within_lease(timeout: float, lease: float) -> bool:
+    """Whether a worker's request timeout ends within a queue's lease: strictly shorter,
+    so that a request ends before its delivery can be claimed and posted again. NaN ends
+    within nothing. The same rule as ``pgmb.timeout_within_lease()`` in SQL (tests/rules,
+    one table of cases), which the worker and queue triggers enforce for every writer."""
+    return timeout < lease
+
+
 def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
@@ -289,6 +297,14 @@ class Worker(models.Model):
                 operation=pgtrigger.UpdateOf("secret"),
                 condition=pgtrigger.Condition("OLD.secret IS DISTINCT FROM NEW.secret"),
             ),
+            # Only a changed timeout: the claim's token updates never pay for the look-up
+            # of the worker's queues (a new worker has none).
+            _trigger(
+                "worker_timeout",
+                when=pgtrigger.Before,
+                operation=pgtrigger.UpdateOf("timeout"),
+                condition=pgtrigger.Condition("OLD.timeout IS DISTINCT FROM NEW.timeout"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -337,7 +353,7 @@ class Worker(models.Model):
             .aggregate(lease=models.Min("lease_seconds"))
             .get("lease")
         )
-        if lease is not None and self.timeout >= lease:
+        if lease is not None and not timeout_within_lease(self.timeout, lease):
             raise ValidationError(
                 {
                     "timeout": _(
@@ -515,6 +531,25 @@ class Queue(models.Model):
             and self.backoff_max < self.backoff_base
         ):
             raise ValidationError({"backoff_max": _("The cap must not be below the base.")})
+        self._clean_lease()
+
+    def _clean_lease(self) -> None:
+        """The lease outlasts the worker's timeout (:func:`timeout_within_lease`), as
+        pgmb.prepare_queue() checks for every writer."""
+        if self.worker_id is None or not isinstance(self.lease_seconds, float | int):
+            return
+        worker = Worker.objects.filter(pk=self.worker_id).values("name", "timeout").first()
+        if worker is not None and not timeout_within_lease(worker["timeout"], self.lease_seconds):
+            raise ValidationError(
+                {
+                    "lease_seconds": _(
+                        "The lease must be longer than the timeout of worker %(worker)s "
+                        "(%(timeout)s s): a request that outlasts its lease is posted twice."
+                    )
+                    % {"worker": worker["name"], "timeout": f"{worker['timeout']:g}"}
+                },
+                code="min_value",
+            )
 
     @property
     def view_names(self) -> tuple[str, str]:

@@ -40,13 +40,17 @@ def faulty_world(recording_server, make_worker, make_queue):
         "nul_body": make_worker(endpoint=server.url("/nul")),
         "odd_retry": make_worker(endpoint=server.url("/odd-retry-after")),
         "date_retry": make_worker(endpoint=server.url("/date-retry-after")),
-        # A timeout no HTTP client or socket can take as it is.
-        "huge_timeout": make_worker(endpoint=server.url("/huge-timeout"), timeout=1e300),
+        # A timeout no HTTP client or socket can take as it is (stored below).
+        "huge_timeout": make_worker(endpoint=server.url("/huge-timeout")),
     }
     for name, worker in bad.items():
         make_queue("#", name=name, worker=worker, max_retries=0)
     _store_with_triggers_off(
         "UPDATE pgmb_worker SET secret = 'whsec_a' WHERE id = %s", (bad["bad_secret"].pk,)
+    )
+    # Longer than any lease, which the worker_timeout trigger refuses now.
+    _store_with_triggers_off(
+        "UPDATE pgmb_worker SET timeout = 1e300 WHERE id = %s", (bad["huge_timeout"].pk,)
     )
     good.max_retries = 0
     good.save()

@@ -999,6 +999,21 @@ class Migration(migrations.Migration):
         pgtrigger.migrations.AddTrigger(
             model_name="worker",
             trigger=pgtrigger.compiler.Trigger(
+                name="worker_timeout",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (OLD.timeout IS DISTINCT FROM NEW.timeout)",
+                    func="PERFORM pgmb.check_worker_timeout(NEW);\nRETURN NEW;",
+                    hash="b38b9f5b5c68fd5676e4954a003e87d1ebebf9f6",
+                    operation='UPDATE OF "timeout"',
+                    pgid="pgtrigger_worker_timeout_d3624",
+                    table="pgmb_worker",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="worker",
+            trigger=pgtrigger.compiler.Trigger(
                 name="worker_retire_secret",
                 sql=pgtrigger.compiler.UpsertTriggerSql(
                     condition="WHEN (OLD.secret IS DISTINCT FROM NEW.secret)",

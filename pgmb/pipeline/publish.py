@@ -2,23 +2,27 @@
 
     publish INPUT [--format parquet|jsonl|csv] (--key-column COL | --key KEY)
                   (--body-column COL | --body-columns A,B,C) [--headers-column COL]
-                  [--delay-column COL | --delay DELAY] [--id-column COL] [--batch-size N]
+                  [--delay-column COL | --delay DELAY] [--id-column COL] [--refused FILE]
+                  [--batch-size N]
 
 Three steps. Spark reads the dataset and every row is checked by pgmb's own rules on the
 executors; one bad row stops the run with one line naming the first few (file and row)
 before anything is written. Then each partition publishes its rows in batches, each one
 routed insert into ``pgmb_message`` (the routing trigger creates the deliveries, as for
-:func:`pgmb.send_batch`). With ``--id-column`` the run is idempotent: an id already stored
-is skipped, so a re-run (after a crash, or by mistake) publishes nothing twice. Without
-one, ids are generated and a re-run publishes every row again. Progress is reported while
-it runs, a summary at the end.
+:func:`pgmb.send_batch`); a row that breaks a message limit is refused on its own, and the
+summary counts those and names the first few, where they are and why. With
+``--id-column`` the run is idempotent: an id already stored is skipped, so a re-run (after
+a crash, or by mistake) publishes nothing twice. Without one, ids are generated and a
+re-run publishes every row again. Progress is reported while it runs, a summary at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
+import os
 import re
 import threading
 import time
@@ -46,6 +50,7 @@ from .publish_input import (
 )
 from .publish_rows import (
     CHECKED,
+    EXAMPLES,
     WRITTEN,
     Bad,
     Plan,
@@ -115,6 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--id-column",
         metavar="COL",
         help="message ids (UUIDs): a re-run skips those already published",
+    )
+    parser.add_argument(
+        "--refused",
+        metavar="FILE",
+        help="write every row the message limits refuse to this local file, one JSON object "
+        "a line: file, row, id, reason",
     )
     parser.add_argument(
         "--batch-size",
@@ -221,7 +232,8 @@ def _write(
 
 
 def validate(options: argparse.Namespace) -> None:
-    """What can be checked before Spark starts: the format, the path, ``--key``, ``--delay``."""
+    """What can be checked before Spark starts: the format, the path, ``--key``, ``--delay``,
+    the folder of ``--refused``."""
     input_format(options.input, options.format)
     check_readable(options.input)
     if options.key is not None:
@@ -230,6 +242,10 @@ def validate(options: argparse.Namespace) -> None:
         except PgmbError as e:
             raise PipelineError(f"--key: {e}") from None
     _constant_delay(options.delay)
+    if options.refused is not None:
+        folder = os.path.dirname(os.path.abspath(options.refused))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PipelineError(f"--refused: cannot write in {folder}")
 
 
 def run(spark: SparkSession, database: Database, options: argparse.Namespace, out: Output) -> int:
@@ -255,6 +271,7 @@ def run(spark: SparkSession, database: Database, options: argparse.Namespace, ou
         seconds=seconds,
         at=at,
         patterns=_patterns(database),
+        every_refusal=options.refused is not None,
     )
 
     from py4j.protocol import Py4JError  # type: ignore[import-untyped]
@@ -277,10 +294,12 @@ def run(spark: SparkSession, database: Database, options: argparse.Namespace, ou
             return 0
         began = time.monotonic()
         written = _write(spark, staged, plan, rows, options.progress_seconds, out)
+        writing = time.monotonic() - began
+        _summary(out, written, plan, writing, time.monotonic() - started)
+        _report_refused(out, staged, written, options.refused)
     finally:
         if staged is not None:
             staged.unpersist()
-    _summary(out, written, plan, time.monotonic() - began, time.monotonic() - started)
     return 0
 
 
@@ -294,16 +313,64 @@ def _stage(messages: DataFrame, plan: Plan, partitions: int) -> DataFrame:
     return messages.repartition(tasks, *by).persist()
 
 
+def _report_refused(
+    out: Output, staged: DataFrame, written: list[Written], record: str | None
+) -> None:
+    """One line for the rows the message limits refused: how many, and the first few with
+    where they are and why (their reasons are pgmb.message_limits' words); with
+    ``record`` (``--refused``), every one of them in that file."""
+    refused = sum(w.refused for w in written)
+    every = sorted((b for w in written for b in w.refusals), key=lambda b: b.pos)
+    if record is not None:
+        _record_refused(staged, every, record)
+    if not refused:
+        return
+    shown = "; ".join(f"{_where(staged, b)}: {b.problem}" for b in every[:EXAMPLES])
+    say(
+        out,
+        f"publish: warning: {refused:,} rows break the message limits and were not "
+        f"published" + (f" (every one in {record})" if record else "") + f": {shown}",
+    )
+
+
+def _record_refused(staged: DataFrame, refused: list[Bad], path: str) -> None:
+    """``path`` as JSON Lines: per refused row its file, row (as :func:`_where` counts),
+    id and reason; an empty file when none was. One Spark job numbers the rows of each
+    file, only when some were refused."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    where: dict[int, tuple[str, int]] = {}
+    if refused:
+        numbered = staged.select("pos", "file").withColumn(
+            "row", F.row_number().over(Window.partitionBy("file").orderBy("pos"))
+        )
+        wanted = numbered.where(F.col("pos").isin([b.pos for b in refused]))
+        where = {r["pos"]: (r["file"], r["row"]) for r in wanted.collect()}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for b in refused:
+                file, row = where[b.pos]
+                shown = local_path(file) or file
+                record = {"file": shown, "row": row, "id": b.id, "reason": b.problem}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except OSError as e:
+        raise PipelineError(f"--refused: cannot write {path}: {e.strerror or e}") from None
+
+
 def _summary(out: Output, written: list[Written], plan: Plan, writing: float, whole: float) -> None:
     rows = sum(w.rows for w in written)
     inserted = sum(w.inserted for w in written)
+    refused = sum(w.refused for w in written)
     deliveries = sum(w.deliveries for w in written)
     unrouted = sum(w.unrouted for w in written)
     say(
         out,
-        f"publish: {rows:,} rows read, {inserted:,} published, {rows - inserted:,} skipped "
-        f"as duplicates, {deliveries:,} deliveries routed; {rows / max(writing, 1e-9):,.0f} "
-        f"rows/s ({writing:.1f} s publishing, {whole:.1f} s in all)",
+        f"publish: {rows:,} rows read, {inserted:,} published, "
+        + (f"{refused:,} refused, " if refused else "")
+        + f"{rows - inserted - refused:,} skipped as duplicates, {deliveries:,} deliveries "
+        f"routed; {rows / max(writing, 1e-9):,.0f} rows/s ({writing:.1f} s publishing, "
+        f"{whole:.1f} s in all)",
     )
     if unrouted:
         keys = sorted({k for w in written for k in w.unrouted_keys})[:3]

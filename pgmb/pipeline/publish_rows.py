@@ -2,8 +2,12 @@
 
 Both run once per Spark partition (``mapPartitions``) on the executors, which have
 neither Django nor pyspark's driver side: this module needs only psycopg and pgmb's
-Django-free rules (:mod:`pgmb.routing`, :mod:`pgmb.durations`), so that a row is held to
-exactly what :func:`pgmb.send` would hold it to.
+Django-free rules (:mod:`pgmb.routing`, :mod:`pgmb.durations`,
+:mod:`pgmb.message_limits`), so that a row is held to exactly what :func:`pgmb.send`
+would hold it to. A row that breaks a rule of its form (key, id, JSON, delay) stops the
+run before anything is written; a well-formed row that breaks a message limit (depth,
+header count and sizes, reserved headers) is refused on its own, with its reason, and the
+others are published (docs/decisions/0042-pipeline-rows-refused-one-by-one.md).
 
 A row comes from :func:`pgmb.pipeline.publish_input.prepare`, its fields in the order of
 :data:`FIELDS` (the first few of them).
@@ -24,6 +28,7 @@ import psycopg
 from pgmb import sql
 from pgmb.durations import check_seconds, parse_delay
 from pgmb.errors import PgmbError
+from pgmb.message_limits import MAX_DEPTH, body_problem, headers_problem
 from pgmb.routing import validate_routing_key
 
 from .postgres import CONNECT_TIMEOUT, Database
@@ -37,7 +42,7 @@ from .postgres import CONNECT_TIMEOUT, Database
 FIELDS = ("id", "key", "body", "headers", "delay", "pos", "corrupt", "file")
 ID, KEY, BODY, HEADERS, DELAY, POS, CORRUPT, FILE = range(len(FIELDS))
 CHECKED = FIELDS[:FILE]
-WRITTEN = FIELDS[:POS]
+WRITTEN = FIELDS[:CORRUPT]
 #: Bad rows a partition reports, with where they are; the total is counted exactly.
 EXAMPLES = 3
 #: Distinct routing keys whose number of matching queues a partition remembers.
@@ -59,6 +64,8 @@ class Plan:
     ``seconds`` or ``at`` (an absolute time as ISO text) is the constant ``--delay``, used
     for rows that carry none. ``patterns`` are the queues' compiled binding keys when the
     run started: what the routing trigger matches, so that deliveries can be counted.
+    ``every_refusal``: the partitions return every row the message limits refuse (for
+    ``--refused``), not only the first few.
     """
 
     dsn: str = field(repr=False)
@@ -67,6 +74,7 @@ class Plan:
     seconds: float | None = None
     at: str | None = None
     patterns: tuple[str, ...] = ()
+    every_refusal: bool = False
 
 
 class Bad(NamedTuple):
@@ -87,13 +95,16 @@ class Checked(NamedTuple):
 
 class Written(NamedTuple):
     """One partition's publishing: rows given, messages inserted (the others were already
-    there), deliveries those created by the routing rules, and the messages no queue got."""
+    there or refused), deliveries those created by the routing rules, the messages no queue
+    got, and the rows the message limits refused (the first few with their reasons)."""
 
     rows: int
     inserted: int
     deliveries: int
     unrouted: int
     unrouted_keys: list[str]
+    refused: int
+    refusals: list[Bad]
 
 
 class PublishFailed(Exception):
@@ -141,6 +152,8 @@ def json_problem(text: object, *, want_object: bool = False) -> str | None:
         value = json.loads(text, parse_constant=_no_constant, parse_int=len, parse_float=len)
     except ValueError as e:  # JSONDecodeError and _no_constant's
         return f"not valid JSON ({e})"
+    except RecursionError:
+        return None  # nested deeper than Python parses: limits_problem refuses it
     if "\\u" in text and (reason := _unstorable(value)):
         return reason
     if want_object and not isinstance(value, dict):
@@ -176,6 +189,33 @@ def problem(row: tuple[Any, ...], plan: Plan) -> str | None:
         except PgmbError as e:
             return str(e)
     return None
+
+
+def _parsed(text: str, what: str) -> tuple[Any, str | None]:
+    """``text`` (valid JSON: the check pass saw it) decoded, or why it is too deep to. A
+    number longer than Python parses decodes to None: the database's own check of the
+    limits (the routing trigger) judges that row."""
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, f"{what}: nested deeper than {MAX_DEPTH} levels (limit max_depth)"
+    except ValueError:
+        return None, None
+
+
+def limits_problem(body: str, headers: str | None) -> str | None:
+    """Why pgmb's message limits refuse a well-formed row's body or headers, in the words
+    of :mod:`pgmb.message_limits` (the rule ``pgmb.message_problem`` applies in the
+    database), or None. A body whose text opens at most :data:`MAX_DEPTH` containers
+    cannot nest deeper, so most bodies are not decoded again."""
+    if body.count("{") + body.count("[") > MAX_DEPTH:
+        value, deep = _parsed(body, "the body")
+        if reason := deep or body_problem(value):
+            return reason
+    if headers is None or headers == "{}":
+        return None
+    value, deep = _parsed(headers, "the headers")
+    return deep or (headers_problem(value) if isinstance(value, dict) else None)
 
 
 def _short(value: object, limit: int = 60) -> str:
@@ -225,11 +265,31 @@ def _routes(plan: Plan) -> Callable[[str], int]:
     return count
 
 
-def _batches(rows: Iterable[tuple[Any, ...]], plan: Plan) -> Iterator[list[tuple[Any, ...]]]:
+@dataclass
+class Refusals:
+    """The rows of a partition that the message limits refuse: how many, and the first few
+    (or ``every`` one) with their reasons."""
+
+    every: bool = False
+    count: int = 0
+    first: list[Bad] = field(default_factory=list)
+
+    def add(self, row: tuple[Any, ...], reason: str) -> None:
+        self.count += 1
+        if self.every or len(self.first) < EXAMPLES:
+            self.first.append(Bad(row[POS], row[ID], reason))
+
+
+def _batches(
+    rows: Iterable[tuple[Any, ...]], plan: Plan, refusals: Refusals
+) -> Iterator[list[tuple[Any, ...]]]:
     """The rows as staging rows (id, routing key, body, headers, at, seconds), in lists of
-    at most ``batch_size``."""
+    at most ``batch_size``; those the message limits refuse go to ``refusals`` instead."""
     batch: list[tuple[Any, ...]] = []
     for row in rows:
+        if (reason := limits_problem(row[BODY], row[HEADERS])) is not None:
+            refusals.add(row, reason)
+            continue
         seconds, at = (plan.seconds, plan.at) if row[DELAY] is None else _delay(row[DELAY])
         headers = row[HEADERS] if row[HEADERS] is not None else "{}"
         batch.append((row[ID], row[KEY], row[BODY], headers, at, seconds))
@@ -247,10 +307,12 @@ def write_partition(
 
     A batch is COPYed into a temporary staging table, then moved into ``pgmb_message`` by
     one routed insert that skips ids already stored: a batch written again (a re-run, a
-    retried task) adds nothing. ``progress`` counts the rows done.
+    retried task) adds nothing. A row the message limits refuse is left out, with its
+    reason. ``progress`` counts the rows done.
     """
     query = functools.partial(sql.query, "pipeline_publish.sql")
     routes = _routes(plan)
+    refusals = Refusals(every=plan.every_refusal)
     seen = inserted = deliveries = unrouted = 0
     unrouted_keys: list[str] = []
     try:
@@ -259,7 +321,7 @@ def write_partition(
         ) as conn:
             conn.execute(query("create_staging"))
             conn.commit()
-            for batch in _batches(rows, plan):
+            for batch in _batches(rows, plan, refusals):
                 with conn.transaction(), conn.cursor() as cursor:
                     with cursor.copy(query("copy_staging")) as copy:
                         for staged in batch:
@@ -277,4 +339,8 @@ def write_partition(
     except psycopg.Error as e:
         reason = Database.from_dsn(plan.dsn).scrub(" ".join(str(e).split()))
         raise PublishFailed(f"a partition failed after {seen:,} of its rows: {reason}") from None
-    yield Written(seen, inserted, deliveries, unrouted, unrouted_keys)
+    refused = refusals.count
+    progress.add(refused)
+    yield Written(
+        seen + refused, inserted, deliveries, unrouted, unrouted_keys, refused, refusals.first
+    )

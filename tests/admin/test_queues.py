@@ -162,6 +162,8 @@ def test_change_form_shows_pattern_read_only_and_the_views(admin_client, make_qu
         ({"max_retries": "-1"}, "max_retries", "greater than or equal to 0"),
         ({"backoff_base": "10", "backoff_max": "5"}, "backoff_max", "must not be below the base"),
         ({"lease_seconds": "0"}, "lease_seconds", "greater than or equal to 0.001"),
+        # The worker's timeout is 10 s (tests/rules/test_worker_timeout.py).
+        ({"lease_seconds": "10"}, "lease_seconds", "longer than the timeout of worker shop"),
         # No worker is a pull queue (tests/pull/test_admin.py); an unknown one is refused.
         ({"worker": "00000000-0000-0000-0000-000000000000"}, "worker", "Select a valid choice"),
         ({"dedup_window": "-1"}, "dedup_window", "greater than or equal to 0"),

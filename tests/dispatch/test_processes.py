@@ -94,7 +94,9 @@ def test_two_dispatchers_never_deliver_a_message_twice(
 def test_sigkill_mid_batch_loses_nothing(spawn, recording_server, make_worker, make_queue):
     recording_server.respond(reply(200, delay=0.3))
     make_queue(
-        "#", worker=make_worker(endpoint=recording_server.url(), rps=100_000), lease_seconds=1.5
+        "#",
+        worker=make_worker(endpoint=recording_server.url(), rps=100_000, timeout=1),
+        lease_seconds=1.5,
     )
     ids = pgmb.send_batch(("k", n) for n in range(60))
     victim = spawn("--concurrency", "20", "--batch", "20")
@@ -285,7 +287,9 @@ def test_database_restart_during_dispatch_loses_nothing(
 ):
     recording_server.respond(reply(200, delay=0.02))
     make_queue(
-        "#", worker=make_worker(endpoint=recording_server.url(), rps=100_000), lease_seconds=5
+        "#",
+        worker=make_worker(endpoint=recording_server.url(), rps=100_000, timeout=2),
+        lease_seconds=5,
     )
     ids = pgmb.send_batch(("k", n) for n in range(400))
     # Heartbeats every 0.2 s: some fall in the outage, and must not stop it.

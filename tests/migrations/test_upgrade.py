@@ -49,6 +49,7 @@ def _fill(conn: psycopg.Connection, url: str) -> dict[str, uuid.UUID]:
     ]:
         q("SELECT pgmb.create(%s, %s, %s, %s)", (name, key, retries, worker))
     q("UPDATE pgmb_queue SET backoff_base = 0, backoff_max = 0")
+    q("UPDATE pgmb_worker SET timeout = 0.5")  # shorter than the lease below
     q("UPDATE pgmb_queue SET lease_seconds = 1 WHERE name = 'leased_queue'")
     ids = {}
     for kind in ("ready", "leased", "dead"):

@@ -23,7 +23,7 @@ import pgmb
 from pgmb import sql as queries
 from pgmb.errors import PipelineError
 from pgmb.pipeline.publish_input import input_format
-from pgmb.pipeline.publish_rows import CHECKED, Plan, json_problem, problem
+from pgmb.pipeline.publish_rows import CHECKED, Plan, json_problem, limits_problem, problem
 from pgmb.routing import compile_binding, matches
 
 from .conftest import MASTER
@@ -374,6 +374,57 @@ def test_a_run_stopped_by_the_database_is_completed_by_a_rerun(queues, tmp_path,
 
 
 @pytest.mark.spark
+def test_rows_breaking_a_limit_are_refused_one_by_one_with_their_reasons(
+    queues, tmp_path, run_pipeline
+):
+    """The rows within the limits are published; each of the others is refused, and the
+    report says where and why, in pgmb.message_limits' words."""
+    deep = json.loads(_nested(66))
+    records = [
+        {"id": event_id(0), "body": {"n": 0}, "headers": {"tenant": "eu"}},
+        {"id": event_id(1), "body": {"n": 1}, "headers": {"Authorization": "Bearer x"}},
+        {"id": event_id(2), "body": {"n": 2}},
+        {"id": event_id(3), "body": deep},
+        {"id": event_id(4), "body": {"n": 4}, "headers": {f"h{n}": n for n in range(65)}},
+        {"id": event_id(5), "body": {"n": 5}},
+    ]
+    path = write_jsonl(tmp_path / "events.jsonl", records)
+    record = tmp_path / "refused.jsonl"
+
+    report = run_pipeline(
+        "publish",
+        path,
+        "--key=order.paid",
+        "--body-column=body",
+        "--headers-column=headers",
+        "--id-column=id",
+        f"--refused={record}",
+    )
+
+    line = next(li for li in report.splitlines() if " rows read, " in li)
+    assert line.startswith("publish: 6 rows read, 3 published, 3 refused, 0 skipped"), line
+    stored = {i for (i,) in fetch("SELECT id::text FROM pgmb_message")}
+    assert stored == {event_id(n) for n in (0, 2, 5)}
+    assert table_counts() == (3, 9)
+    [warning] = [li for li in report.splitlines() if "break the message limits" in li]
+    reasons = [
+        "header 'Authorization' is reserved: the broker or the worker sets it",
+        "the body: nested deeper than 64 levels (limit max_depth)",
+        "65 headers, at most 64 (limit max_headers)",
+    ]
+    assert warning == (
+        f"publish: warning: 3 rows break the message limits and were not published (every "
+        f"one in {record}): row 2 of {path} (id {event_id(1)}): {reasons[0]}; row 4 of "
+        f"{path} (id {event_id(3)}): {reasons[1]}; row 5 of {path} (id {event_id(4)}): "
+        f"{reasons[2]}"
+    )
+    assert [json.loads(li) for li in record.read_text().splitlines()] == [
+        {"file": path, "row": row, "id": event_id(row - 1), "reason": reason}
+        for row, reason in zip((2, 4, 5), reasons, strict=True)
+    ]
+
+
+@pytest.mark.spark
 def test_publish_on_a_standalone_cluster(spark_cluster, queues, tmp_path, run_pipeline):
     """The partitions run in the cluster's executor (Python workers there, their own
     psycopg connections), not in this process."""
@@ -585,6 +636,41 @@ def jsonb_accepts(text: str) -> bool:
     except DatabaseError:
         return False
     return True
+
+
+def _nested(depth: int) -> str:
+    return "[" * (depth - 1) + "1" + "]" * (depth - 1)
+
+
+#: (body, headers) as the dataset holds them: within the limits, or each limit broken.
+LIMITS = [
+    ("{}", None),
+    (_nested(64), "{}"),
+    (_nested(65), None),
+    (_nested(3000), None),  # deeper than Python's parser goes
+    ('{"a": ' * 10 + "1" + "}" * 10, '{"x-trace": "a"}'),
+    ("1", json.dumps({f"h{n}": n for n in range(64)})),
+    ("1", json.dumps({f"h{n}": n for n in range(65)})),
+    ("1", json.dumps({"deep": json.loads(_nested(64))})),
+    ("1", json.dumps({"AUTHORIZATION": "Bearer x"})),
+    ("1", json.dumps({"Webhook-Id": "x"})),
+    ("1", json.dumps({"x": "é" * 4095})),  # 8191 bytes with its name
+    ("1", json.dumps({"x": "é" * 4096})),
+    ("1", json.dumps({f"h{n}": "v" * 8000 for n in range(5)})),
+    ("1", json.dumps({"n": [1.5, 10**20, None, True]})),
+]
+
+
+@pytest.mark.parametrize("body,headers", LIMITS)
+def test_a_rows_limits_are_the_databases(body, headers, db):
+    """A well-formed row breaks a message limit in the pipeline exactly when
+    pgmb.message_problem says it does, in the same words."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pgmb.message_problem(%s::jsonb, coalesce(%s::jsonb, '{}'))", (body, headers)
+        )
+        [(in_sql,)] = cursor.fetchall()
+    assert limits_problem(body, headers) == in_sql
 
 
 def test_headers_must_be_an_object():

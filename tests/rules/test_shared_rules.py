@@ -338,7 +338,7 @@ DURATIONS = [
 
 @pytest.mark.parametrize(("field", "value", "accepted"), DURATIONS)
 def test_queue_durations(field, value, accepted, make_worker):
-    worker = make_worker()
+    worker = make_worker(timeout=0.0005)  # shorter than every lease here
     py = python(models.Queue._meta.get_field(field).run_validators, value)
     # The other durations are chosen so that only `field` can break the rule.
     row = {"lease_seconds": 60.0, "backoff_base": 0.0, "backoff_max": models.MAX_QUEUE_SECONDS}

@@ -1,13 +1,18 @@
 """A worker's timeout is shorter than the lease of every queue it delivers for: a request
 that outlasts its lease lets the delivery be claimed and posted again while it runs."""
 
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ValidationError
 
+import pgmb
+from pgmb.models import Attempt, DeadLetter
 from tests.admin.conftest import form_errors, url
-from tests.security.trickle import trickling
+from tests.security.trickle import slow_tls, trickling
 
 WORKER_FORM = {
     "name": "slowpoke",
@@ -22,10 +27,10 @@ WORKER_FORM = {
 }
 
 
-def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_queue):
-    queue = make_queue(lease_seconds=5)
-    make_queue(worker=queue.worker, lease_seconds=30)
-    worker = queue.worker
+def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_worker, make_queue):
+    worker = make_worker(timeout=4)
+    make_queue(worker=worker, lease_seconds=5)
+    make_queue(worker=worker, lease_seconds=30)
 
     response = admin_client.post(
         url("worker_change", worker.pk), {**WORKER_FORM, "name": worker.name, "timeout": "5"}
@@ -38,7 +43,7 @@ def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_queue
         ]
     }
     worker.refresh_from_db()
-    assert worker.timeout == 10.0
+    assert worker.timeout == 4.0
 
     accepted = admin_client.post(
         url("worker_change", worker.pk), {**WORKER_FORM, "name": worker.name, "timeout": "4.5"}
@@ -48,8 +53,8 @@ def test_the_admin_refuses_a_timeout_as_long_as_a_lease(admin_client, make_queue
     assert worker.timeout == 4.5
 
 
-def test_full_clean_refuses_it_too(make_queue):
-    worker = make_queue(lease_seconds=2).worker
+def test_full_clean_refuses_it_too(make_worker, make_queue):
+    worker = make_queue(worker=make_worker(timeout=1), lease_seconds=2).worker
     worker.timeout = 3
     with pytest.raises(ValidationError) as caught:
         worker.full_clean()
@@ -75,3 +80,46 @@ def test_the_plpython_transport_stops_at_the_deadline(sql):
 
     assert (status, error) == (None, "timeout after 0.5s")
     assert took < 3, took
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> Path:
+    """A self-signed certificate for 127.0.0.1 (key and certificate in one PEM file)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (make deps installs it)")
+    pem = tmp_path_factory.mktemp("tls") / "localhost.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(pem), "-out", str(pem)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return pem
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tls_handshake_counts_in_the_plpython_transports_deadline(
+    owner, certificate, make_worker, make_queue
+):
+    """A connect that takes about a second, then a handshake that never ends: the delivery
+    fails at its worker's timeout, within its lease, not a handshake's timeout later."""
+    owner.execute("DROP EXTENSION IF EXISTS http")
+    if owner.execute("SELECT pgmb.http_transport()").fetchone()[0] != "plpython3u":
+        pytest.skip("plpython3u is not installed in the test database")
+    with slow_tls(certificate) as endpoint:
+        make_queue(
+            "#", worker=make_worker(endpoint=endpoint, timeout=2), max_retries=0, lease_seconds=2.6
+        )
+        pgmb.send("k", {})
+        for _ in range(20):  # each CALL posts what is due, records it, then returns
+            owner.execute("CALL pgmb.dispatch_loop(0.5, 1)")
+            if DeadLetter.objects.exists():
+                break
+
+    [attempt] = Attempt.objects.all()
+    assert (attempt.outcome, attempt.status_code, attempt.error) == (
+        "dead",
+        None,
+        "timeout after 2s",
+    )
+    assert 1900 <= attempt.duration_ms < 2600

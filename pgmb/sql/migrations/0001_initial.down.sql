@@ -11,7 +11,7 @@ BEGIN
     FOR f IN
         SELECT p.oid::regprocedure FROM pg_proc p
         WHERE p.proname ~ ('^pgtrigger_(route_messages|admit_message|check_routing_key_update'
-                           '|worker_validate|worker_retire_secret|hold_delivery|release_after_delivery'
+                           '|worker_validate|worker_timeout|worker_retire_secret|hold_delivery|release_after_delivery'
                            '|release_after_dead_letter|queue_prepare|queue_views)_[0-9a-f]+$')
     LOOP
         EXECUTE format('DROP FUNCTION %s CASCADE', f);

@@ -538,13 +538,44 @@ BEGIN
     RETURN w;
 END $_$;
 
+-- Whether a worker's request timeout ends within a queue's lease: strictly shorter, so
+-- that a request ends before its delivery can be claimed and posted again (NaN, greatest
+-- of all here, ends within nothing). The rule of pgmb.models.timeout_within_lease
+-- (tests/rules, one table of cases for both).
+CREATE OR REPLACE FUNCTION pgmb.timeout_within_lease(timeout double precision, lease double precision)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT coalesce(timeout < lease, false) $$;
+
+-- The worker_timeout trigger (a changed timeout): the new timeout ends within the lease of
+-- every queue the worker delivers for, or the update is refused naming the shortest one.
+CREATE OR REPLACE FUNCTION pgmb.check_worker_timeout(w public.pgmb_worker) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    queue text;
+    lease double precision;
+BEGIN
+    SELECT q.name, q.lease_seconds INTO queue, lease FROM pgmb_queue q
+    WHERE q.worker_id = w.id AND NOT pgmb.timeout_within_lease(w.timeout, q.lease_seconds)
+    ORDER BY q.lease_seconds, q.name LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'invalid timeout % s for worker %: it must be shorter than the lease of queue % (% s)',
+                        w.timeout, quote_literal(w.name), quote_literal(queue), lease
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A request that outlasts its lease is posted twice: shorten the timeout or lengthen the lease.';
+    END IF;
+END $$;
+
 -- The BEFORE INSERT OR UPDATE trigger function of pgmb_queue: checks the name (and that
 -- no other queue would own its views), compiles the binding key into the pattern and the
--- binding tags, and checks the retry, backoff and lease settings.
+-- binding tags, and checks the retry, backoff and lease settings, the lease against its
+-- worker's timeout included.
 CREATE OR REPLACE FUNCTION pgmb.prepare_queue(q pgmb_queue) RETURNS pgmb_queue
 LANGUAGE plpgsql AS $$
 DECLARE
     other text;
+    worker text;
+    timeout double precision;
 BEGIN
     PERFORM pgmb.check_name('queue', q.name);
     SELECT name INTO other FROM pgmb_queue
@@ -574,6 +605,19 @@ BEGIN
     IF q.lease_seconds > 2592000 OR q.backoff_base > 2592000 OR q.backoff_max > 2592000 THEN
         RAISE EXCEPTION 'invalid durations for queue %: the lease and the backoff may be at most 30 days (2592000 s)', q.name
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A queue's writes are rare (created, changed, paused): one look-up of its worker. An
+    -- unchanged lease and worker stay accepted, as the worker's other rules do: a row
+    -- stored before the rule can still be paused.
+    SELECT w.name, w.timeout INTO worker, timeout FROM pgmb_worker w
+    WHERE w.id = q.worker_id
+      AND NOT EXISTS (SELECT FROM pgmb_queue o
+                      WHERE o.id = q.id AND o.worker_id = q.worker_id AND o.lease_seconds = q.lease_seconds);
+    IF FOUND AND NOT pgmb.timeout_within_lease(timeout, q.lease_seconds) THEN
+        RAISE EXCEPTION 'invalid lease % s for queue %: it must be longer than the timeout of worker % (% s)',
+                        q.lease_seconds, quote_literal(q.name), quote_literal(worker), timeout
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A request that outlasts its lease is posted twice: lengthen the lease or shorten the worker''s timeout.';
     END IF;
     RETURN q;
 END $$;
@@ -627,6 +671,26 @@ BEGIN
                   HINT = 'As the schema''s owner or a superuser: ' || fix || ' (docs/security.md)';
     END IF;
     RETURN true;  -- the writers went away meanwhile
+END $$;
+
+-- Makes each of these functions (regprocedure texts) act for its caller as pgmb's owner:
+-- SECURITY DEFINER with search_path pg_catalog first, so that no object of the tables'
+-- schema can stand in for a built-in of the same argument types; then the tables' schema
+-- (the schema Django created them in, which pgmb.refuse_writable_schemas keeps closed to
+-- other roles); pg_temp last, so no temporary object can stand in for one
+-- (docs/decisions/0026-definers-refuse-writable-schemas.md). CREATE OR REPLACE drops these
+-- settings: each schema file that defines entry points calls this after them.
+CREATE OR REPLACE FUNCTION pgmb.pin_definers(signatures text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.oid = 'pgmb_message'::regclass);
+    f text;
+BEGIN
+    FOREACH f IN ARRAY signatures LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp',
+                       f::regprocedure, tables);
+    END LOOP;
 END $$;
 
 -- ==== pgmb/sql/schema/views.sql ====
@@ -949,7 +1013,8 @@ $$;
 
 -- Before each message with dependencies or a de-duplication id is stored (the admit_message
 -- trigger's WHEN): enforces the options rule (as the check pgmb_message_options_valid,
--- with that name), refuses unknown dependencies, and returns NULL (the row is not stored)
+-- with that name), refuses unknown dependencies (to a caller that may read messages),
+-- and returns NULL (the row is not stored)
 -- for a message that duplicates one for every queue its routing key matches
 -- (pgmb.duplicated; the candidate queues found by their tags). A message that
 -- duplicates for some of its queues only is stored, and the routing trigger leaves those
@@ -970,7 +1035,10 @@ BEGIN
     IF m.depends_on IS NOT NULL THEN
         SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
         WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
-        IF FOUND THEN
+        -- Only to a caller that may read messages: to any other, a dependency that does not
+        -- exist is one that was settled and archived, so that it cannot probe for ids
+        -- (docs/decisions/0040-refusals-tell-nothing.md).
+        IF FOUND AND pgmb.caller_sees_messages() THEN
             RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
                 USING ERRCODE = 'foreign_key_violation',
                       HINT = 'Publish the messages it depends on first (earlier in the same batch is fine).';
@@ -1099,7 +1167,8 @@ END $$;
 -- group_key =>, depends_on =>, dedup_id =>, max_retries =>, retry_delay =>), which every
 -- shorter form calls. Acts for its caller (SECURITY DEFINER, set at the end of this file):
 -- the caller needs pgmb_producer. Returns the message's id, or for a message dropped as a
--- duplicate for every queue of its key the id of the message it duplicates.
+-- duplicate for every queue of its key the id of the message it duplicates; to a caller
+-- that may not read messages (pgmb.caller_sees_messages), always the id it sent.
 CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -1143,12 +1212,22 @@ BEGIN
     -- back for a taken id or for a duplicate that pgmb.admit_message dropped.
     ON CONFLICT ON CONSTRAINT pgmb_message_pkey DO NOTHING
     RETURNING pgmb_message.id INTO stored;
-    IF stored IS NULL AND EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
+    IF stored IS NOT NULL THEN
+        RETURN stored;
+    END IF;
+    -- Nothing stored: the id is taken, or the message duplicates one for every queue. A
+    -- caller that may not read messages is told neither, nor another message's id: it gets
+    -- the id it sent, as if stored, and a resent message is not stored twice
+    -- (docs/decisions/0040-refusals-tell-nothing.md).
+    IF NOT pgmb.caller_sees_messages() THEN
+        RETURN send.id;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
         RAISE EXCEPTION 'message % already exists', send.id
             USING ERRCODE = 'unique_violation',
                   HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
     END IF;
-    RETURN coalesce(stored, pgmb.deduplicated(send.dedup_id, send.routing_key));
+    RETURN pgmb.deduplicated(send.dedup_id, send.routing_key);
 END $$;
 
 -- pgmb.send with a delay in whole seconds (checked by pgmb.check_delay).
@@ -1228,18 +1307,11 @@ RETURNS uuid
 LANGUAGE sql
 AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id) $$;
 
--- pgmb.send acts for its caller, with pg_catalog first, the tables' schema, pg_temp last
--- (see access.sql): a producer role needs pgmb_producer, no privilege on the tables.
-DO $$
-DECLARE
-    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.oid = 'pgmb_message'::regclass);
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY['pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
-    END LOOP;
-END $$;
+-- pgmb.send acts for its caller (pgmb.pin_definers, tables.sql): a producer role needs
+-- pgmb_producer, no privilege on the tables.
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'
+]);
 
 -- ==== pgmb/sql/schema/deliveries.sql ====
 -- The delivery state machine that both dispatch paths share: claim (lease), start, ack,
@@ -2012,6 +2084,11 @@ END $$;
 -- outcome ('archived'), nack (a failed handler) schedules a retry.
 
 -- The pull queue named queue_name (its id, max_retries, whether it is paused), or an error.
+-- Every entry point comes here first: a role may consume only the queues granted to it
+-- (access control, access.sql), and is refused before anything is read or written. The
+-- access is checked before anything else is said about the queue: a role that may not
+-- consume it gets the same refusal whether it exists or not, is a pull queue or not
+-- (docs/decisions/0040-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.pull_queue(queue_name text, OUT id uuid, OUT max_retries integer, OUT paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -2022,20 +2099,18 @@ BEGIN
     SELECT q.id, q.max_retries, q.paused, w.name INTO id, max_retries, paused, worker
     FROM pgmb_queue q LEFT JOIN pgmb_worker w ON w.id = q.worker_id
     WHERE q.name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name)
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'SELECT name FROM pgmb.queues WHERE worker_id IS NULL lists the pull queues.';
+    IF id IS NULL OR NOT pgmb.may('consume', id) THEN
+        -- Raises: "does not exist" only to a role that may consume every queue.
+        PERFORM pgmb.require('consume', queue_name);
     END IF;
     IF worker IS NOT NULL THEN
-        RAISE EXCEPTION 'queue % is not a pull queue: worker % receives its messages', quote_literal(queue_name), quote_literal(worker)
+        -- The worker is named to administrators only: a consumer granted a push queue
+        -- has no business with its worker.
+        RAISE EXCEPTION 'queue % is not a pull queue: %', quote_literal(queue_name),
+                        CASE WHEN pgmb.may('administer') THEN format('worker %L receives its messages', worker)
+                             ELSE 'a worker receives its messages' END
             USING ERRCODE = 'wrong_object_type',
                   HINT = 'Clients read only from queues without a worker: pgmb.create(name, binding_key, max_retries, NULL).';
-    END IF;
-    -- Every entry point comes here first: a role may consume only the queues granted to it
-    -- (access control, access.sql), and is refused before anything is read or written.
-    IF NOT pgmb.may('consume', id) THEN
-        PERFORM pgmb.require('consume', queue_name);
     END IF;
 END $$;
 
@@ -2075,8 +2150,10 @@ BEGIN
     END IF;
 END $$;
 
--- Deliveries among delivery_ids that exist but belong to another queue than queue_id: an
--- error, before anything is written. Ids that do not exist (settled already) are skipped.
+-- Deliveries among delivery_ids that exist but belong to another queue than queue_id, one
+-- the caller may consume too: an error, before anything is written. Ids that do not exist
+-- (settled already) are skipped, and so are those of queues the caller may not consume,
+-- which it must not learn about (docs/decisions/0040-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.check_pull_ids(queue_name text, queue_id uuid, delivery_ids bigint[])
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -2087,7 +2164,9 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     SELECT string_agg(d.id::text, ', ' ORDER BY d.id) INTO foreign_ids
-    FROM pgmb_delivery d WHERE d.id = ANY (delivery_ids) AND d.queue_id <> check_pull_ids.queue_id;
+    FROM pgmb_delivery d
+    WHERE d.id = ANY (delivery_ids) AND d.queue_id <> check_pull_ids.queue_id
+      AND pgmb.may('consume', d.queue_id);
     IF foreign_ids IS NOT NULL THEN
         RAISE EXCEPTION 'messages % are not in queue %', foreign_ids, quote_literal(queue_name)
             USING ERRCODE = 'invalid_parameter_value',
@@ -2406,28 +2485,18 @@ BEGIN
 END $$;
 
 -- The entry points act for their caller (checked by pgmb.pull_queue), as pgmb.send does:
--- a consumer role needs a queue grant, no privilege on the tables. Their search_path is
--- pg_catalog, the tables' schema (the schema Django created them in), pg_temp: see
--- access.sql. CREATE OR REPLACE drops these settings: they are set again here.
-DO $$
-DECLARE
-    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.oid = 'pgmb_message'::regclass);
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY[
-        'pgmb.read(text, double precision, integer, jsonb)',
-        'pgmb.read_with_poll(text, double precision, integer, double precision, integer, jsonb)',
-        'pgmb.pop(text, integer)',
-        'pgmb.delete(text, bigint[])', 'pgmb.delete(text, bigint)',
-        'pgmb.archive(text, bigint[])', 'pgmb.archive(text, bigint)',
-        'pgmb.set_vt(text, bigint[], double precision)', 'pgmb.set_vt(text, bigint, double precision)',
-        'pgmb.nack(text, bigint[], integer[], text[])',
-        'pgmb.purge(text)', 'pgmb.pull_next_visible(text)'
-    ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
-    END LOOP;
-END $$;
+-- a consumer role needs a queue grant, no privilege on the tables (pgmb.pin_definers,
+-- tables.sql).
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.read(text, double precision, integer, jsonb)',
+    'pgmb.read_with_poll(text, double precision, integer, double precision, integer, jsonb)',
+    'pgmb.pop(text, integer)',
+    'pgmb.delete(text, bigint[])', 'pgmb.delete(text, bigint)',
+    'pgmb.archive(text, bigint[])', 'pgmb.archive(text, bigint)',
+    'pgmb.set_vt(text, bigint[], double precision)', 'pgmb.set_vt(text, bigint, double precision)',
+    'pgmb.nack(text, bigint[], integer[], text[])',
+    'pgmb.purge(text)', 'pgmb.pull_next_visible(text)'
+]);
 
 -- pgmb.read plans its statement once per session (its generic plan), and with the settings
 -- of the claim: a read planned against "no rows over many pages" would pick through
@@ -3414,9 +3483,13 @@ BEGIN
     PERFORM pgmb.refuse_writable_schemas();
     IF action = 'consume' THEN
         SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
-        IF qid IS NULL THEN
-            RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name)
-                USING ERRCODE = 'undefined_object';
+        -- Only a role that may consume every queue (pgmb.may without a queue) learns that
+        -- one does not exist: to any other, a missing queue and a queue not granted to it
+        -- get the same refusal below (docs/decisions/0040-refusals-tell-nothing.md).
+        IF qid IS NULL AND pgmb.may('consume', NULL) THEN
+            RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name)
+                USING ERRCODE = 'undefined_object',
+                      HINT = 'SELECT name FROM pgmb.queues WHERE worker_id IS NULL lists the pull queues.';
         END IF;
     END IF;
     IF pgmb.may(action, qid) THEN
@@ -3428,7 +3501,7 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = format('An administrator grants it: SELECT pgmb.grant_publish_access(%L);', pgmb.caller());
     WHEN 'consume' THEN
-        RAISE EXCEPTION 'role % may not consume queue %', quote_ident(pgmb.caller()), quote_literal(queue_name)
+        RAISE EXCEPTION 'role % may not consume queue %', quote_ident(pgmb.caller()), quote_nullable(queue_name)
             USING ERRCODE = 'insufficient_privilege',
                   HINT = format('An administrator grants it: SELECT pgmb.grant_queue_access(%L, %L);',
                                 queue_name, pgmb.caller());
@@ -3583,9 +3656,18 @@ LANGUAGE sql STABLE AS $$
            END
 $$;
 
+-- Whether the caller may read pgmb's messages (the owner, pgmb_admin's members, a role
+-- granted SELECT on pgmb_message): only such a caller is told about messages it did not
+-- publish, that an id is taken or that a dependency does not exist (pgmb.send,
+-- pgmb.admit_message; docs/decisions/0040-refusals-tell-nothing.md).
+CREATE OR REPLACE FUNCTION pgmb.caller_sees_messages() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT has_table_privilege(pgmb.caller(), 'pgmb_message', 'SELECT')
+$$;
+
 -- Whether the calling role may publish, consume the queue, or administer pgmb
 -- (action 'publish', 'consume' or 'administer'), from its memberships, grants and
--- privileges.
+-- privileges. 'consume' without a queue id: whether it may consume every queue.
 CREATE OR REPLACE FUNCTION pgmb.may(action text, queue_id uuid DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -3607,28 +3689,16 @@ BEGIN
     END CASE;
 END $$;
 
--- The entry points: acting for their caller. pg_catalog first, so that no object of the
--- tables' schema can stand in for a built-in of the same argument types; then the tables'
--- schema (the schema Django created them in, which pgmb.refuse_writable_schemas keeps
--- closed to other roles); pg_temp last, so no temporary object can stand in for one
--- (docs/decisions/0026-definers-refuse-writable-schemas.md). Each queue's views are made by
--- their owner, so that a pgmb_admin member who creates a queue need not create in pgmb.
-DO $$
-DECLARE
-    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.oid = 'pgmb_message'::regclass);
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY[
-        'pgmb.may(text, uuid)', 'pgmb.require(text, text)',
-        'pgmb.grant_publish_access(name)', 'pgmb.revoke_publish_access(name)',
-        'pgmb.grant_queue_access(text, name)', 'pgmb.revoke_queue_access(text, name)',
-        'pgmb.install_access()',
-        'pgmb.create_queue_views(uuid, text)', 'pgmb.drop_queue_views(text)'
-    ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
-    END LOOP;
-END $$;
+-- The entry points: acting for their caller, pinned by pgmb.pin_definers (tables.sql).
+-- Each queue's views are made by their owner, so that a pgmb_admin member who creates a
+-- queue need not create in pgmb.
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.may(text, uuid)', 'pgmb.require(text, text)',
+    'pgmb.grant_publish_access(name)', 'pgmb.revoke_publish_access(name)',
+    'pgmb.grant_queue_access(text, name)', 'pgmb.revoke_queue_access(text, name)',
+    'pgmb.install_access()',
+    'pgmb.create_queue_views(uuid, text)', 'pgmb.drop_queue_views(text)'
+]);
 
 -- Closed by default (docs/decisions/0025-closed-by-default-functions.md): no function of
 -- pgmb's is executable by PUBLIC but the reviewed list below, the calls that check their

@@ -15,10 +15,10 @@
 -- its own, then reads their answers in order, so the endpoint answers one request while the
 -- backend sends or reads another, instead of the backend waking up for every answer.
 
--- A request's timeout is a total deadline (docs/delivery.md): connecting, sending and
--- reading its answer all end by then. Socket timeouts bound one operation each, so the
--- transport's sockets set what is left of the deadline before each one: a server that sends
--- an answer a byte at a time cannot hold the backend past it. A connection is made only to
+-- A request's timeout is a total deadline (docs/delivery.md): connecting, the TLS
+-- handshake, sending and reading its answer all end by then. Socket timeouts bound one
+-- operation each, so the transport's sockets set what is left of the deadline before each
+-- one: a server that sends an answer a byte at a time cannot hold the backend past it. A connection is made only to
 -- an address the database's endpoint policy allows (pgmb.endpoint_refused, checked after
 -- name resolution, on the address connected to), so an answer that changes after a check
 -- cannot reach a refused address.
@@ -147,6 +147,10 @@ def connector(deadline):
             try:
                 sock.settimeout(left(deadline))
                 sock.connect(sockaddr)
+                # What is left after connecting: HTTPSConnection wraps this socket with its
+                # timeout, which the ssl module takes as the handshake's total duration, so
+                # the handshake ends by the request's deadline too, not a timeout later.
+                sock.settimeout(left(deadline))
                 sock.deadline = deadline
                 return sock
             except OSError as exc:

@@ -4,6 +4,10 @@
 -- name: worker_validate
 RETURN pgmb.prepare_worker(NEW);
 
+-- name: worker_timeout
+PERFORM pgmb.check_worker_timeout(NEW);
+RETURN NEW;
+
 -- name: queue_prepare
 RETURN pgmb.prepare_queue(NEW);
 

@@ -91,9 +91,13 @@ BEGIN
     PERFORM pgmb.refuse_writable_schemas();
     IF action = 'consume' THEN
         SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
-        IF qid IS NULL THEN
-            RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name)
-                USING ERRCODE = 'undefined_object';
+        -- Only a role that may consume every queue (pgmb.may without a queue) learns that
+        -- one does not exist: to any other, a missing queue and a queue not granted to it
+        -- get the same refusal below (docs/decisions/0040-refusals-tell-nothing.md).
+        IF qid IS NULL AND pgmb.may('consume', NULL) THEN
+            RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name)
+                USING ERRCODE = 'undefined_object',
+                      HINT = 'SELECT name FROM pgmb.queues WHERE worker_id IS NULL lists the pull queues.';
         END IF;
     END IF;
     IF pgmb.may(action, qid) THEN
@@ -105,7 +109,7 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = format('An administrator grants it: SELECT pgmb.grant_publish_access(%L);', pgmb.caller());
     WHEN 'consume' THEN
-        RAISE EXCEPTION 'role % may not consume queue %', quote_ident(pgmb.caller()), quote_literal(queue_name)
+        RAISE EXCEPTION 'role % may not consume queue %', quote_ident(pgmb.caller()), quote_nullable(queue_name)
             USING ERRCODE = 'insufficient_privilege',
                   HINT = format('An administrator grants it: SELECT pgmb.grant_queue_access(%L, %L);',
                                 queue_name, pgmb.caller());
@@ -260,9 +264,18 @@ LANGUAGE sql STABLE AS $$
            END
 $$;
 
+-- Whether the caller may read pgmb's messages (the owner, pgmb_admin's members, a role
+-- granted SELECT on pgmb_message): only such a caller is told about messages it did not
+-- publish, that an id is taken or that a dependency does not exist (pgmb.send,
+-- pgmb.admit_message; docs/decisions/0040-refusals-tell-nothing.md).
+CREATE OR REPLACE FUNCTION pgmb.caller_sees_messages() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT has_table_privilege(pgmb.caller(), 'pgmb_message', 'SELECT')
+$$;
+
 -- Whether the calling role may publish, consume the queue, or administer pgmb
 -- (action 'publish', 'consume' or 'administer'), from its memberships, grants and
--- privileges.
+-- privileges. 'consume' without a queue id: whether it may consume every queue.
 CREATE OR REPLACE FUNCTION pgmb.may(action text, queue_id uuid DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -284,28 +297,16 @@ BEGIN
     END CASE;
 END $$;
 
--- The entry points: acting for their caller. pg_catalog first, so that no object of the
--- tables' schema can stand in for a built-in of the same argument types; then the tables'
--- schema (the schema Django created them in, which pgmb.refuse_writable_schemas keeps
--- closed to other roles); pg_temp last, so no temporary object can stand in for one
--- (docs/decisions/0026-definers-refuse-writable-schemas.md). Each queue's views are made by
--- their owner, so that a pgmb_admin member who creates a queue need not create in pgmb.
-DO $$
-DECLARE
-    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.oid = 'pgmb_message'::regclass);
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY[
-        'pgmb.may(text, uuid)', 'pgmb.require(text, text)',
-        'pgmb.grant_publish_access(name)', 'pgmb.revoke_publish_access(name)',
-        'pgmb.grant_queue_access(text, name)', 'pgmb.revoke_queue_access(text, name)',
-        'pgmb.install_access()',
-        'pgmb.create_queue_views(uuid, text)', 'pgmb.drop_queue_views(text)'
-    ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
-    END LOOP;
-END $$;
+-- The entry points: acting for their caller, pinned by pgmb.pin_definers (tables.sql).
+-- Each queue's views are made by their owner, so that a pgmb_admin member who creates a
+-- queue need not create in pgmb.
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.may(text, uuid)', 'pgmb.require(text, text)',
+    'pgmb.grant_publish_access(name)', 'pgmb.revoke_publish_access(name)',
+    'pgmb.grant_queue_access(text, name)', 'pgmb.revoke_queue_access(text, name)',
+    'pgmb.install_access()',
+    'pgmb.create_queue_views(uuid, text)', 'pgmb.drop_queue_views(text)'
+]);
 
 -- Closed by default (docs/decisions/0025-closed-by-default-functions.md): no function of
 -- pgmb's is executable by PUBLIC but the reviewed list below, the calls that check their

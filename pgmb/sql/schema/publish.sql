@@ -199,7 +199,8 @@ $$;
 
 -- Before each message with dependencies or a de-duplication id is stored (the admit_message
 -- trigger's WHEN): enforces the options rule (as the check pgmb_message_options_valid,
--- with that name), refuses unknown dependencies, and returns NULL (the row is not stored)
+-- with that name), refuses unknown dependencies (to a caller that may read messages),
+-- and returns NULL (the row is not stored)
 -- for a message that duplicates one for every queue its routing key matches
 -- (pgmb.duplicated; the candidate queues found by their tags). A message that
 -- duplicates for some of its queues only is stored, and the routing trigger leaves those
@@ -220,7 +221,10 @@ BEGIN
     IF m.depends_on IS NOT NULL THEN
         SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
         WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
-        IF FOUND THEN
+        -- Only to a caller that may read messages: to any other, a dependency that does not
+        -- exist is one that was settled and archived, so that it cannot probe for ids
+        -- (docs/decisions/0040-refusals-tell-nothing.md).
+        IF FOUND AND pgmb.caller_sees_messages() THEN
             RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
                 USING ERRCODE = 'foreign_key_violation',
                       HINT = 'Publish the messages it depends on first (earlier in the same batch is fine).';
@@ -349,7 +353,8 @@ END $$;
 -- group_key =>, depends_on =>, dedup_id =>, max_retries =>, retry_delay =>), which every
 -- shorter form calls. Acts for its caller (SECURITY DEFINER, set at the end of this file):
 -- the caller needs pgmb_producer. Returns the message's id, or for a message dropped as a
--- duplicate for every queue of its key the id of the message it duplicates.
+-- duplicate for every queue of its key the id of the message it duplicates; to a caller
+-- that may not read messages (pgmb.caller_sees_messages), always the id it sent.
 CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -393,12 +398,22 @@ BEGIN
     -- back for a taken id or for a duplicate that pgmb.admit_message dropped.
     ON CONFLICT ON CONSTRAINT pgmb_message_pkey DO NOTHING
     RETURNING pgmb_message.id INTO stored;
-    IF stored IS NULL AND EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
+    IF stored IS NOT NULL THEN
+        RETURN stored;
+    END IF;
+    -- Nothing stored: the id is taken, or the message duplicates one for every queue. A
+    -- caller that may not read messages is told neither, nor another message's id: it gets
+    -- the id it sent, as if stored, and a resent message is not stored twice
+    -- (docs/decisions/0040-refusals-tell-nothing.md).
+    IF NOT pgmb.caller_sees_messages() THEN
+        RETURN send.id;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
         RAISE EXCEPTION 'message % already exists', send.id
             USING ERRCODE = 'unique_violation',
                   HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
     END IF;
-    RETURN coalesce(stored, pgmb.deduplicated(send.dedup_id, send.routing_key));
+    RETURN pgmb.deduplicated(send.dedup_id, send.routing_key);
 END $$;
 
 -- pgmb.send with a delay in whole seconds (checked by pgmb.check_delay).
@@ -478,15 +493,8 @@ RETURNS uuid
 LANGUAGE sql
 AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id) $$;
 
--- pgmb.send acts for its caller, with pg_catalog first, the tables' schema, pg_temp last
--- (see access.sql): a producer role needs pgmb_producer, no privilege on the tables.
-DO $$
-DECLARE
-    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.oid = 'pgmb_message'::regclass);
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY['pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
-    END LOOP;
-END $$;
+-- pgmb.send acts for its caller (pgmb.pin_definers, tables.sql): a producer role needs
+-- pgmb_producer, no privilege on the tables.
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'
+]);

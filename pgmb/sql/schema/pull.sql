@@ -11,6 +11,11 @@
 -- outcome ('archived'), nack (a failed handler) schedules a retry.
 
 -- The pull queue named queue_name (its id, max_retries, whether it is paused), or an error.
+-- Every entry point comes here first: a role may consume only the queues granted to it
+-- (access control, access.sql), and is refused before anything is read or written. The
+-- access is checked before anything else is said about the queue: a role that may not
+-- consume it gets the same refusal whether it exists or not, is a pull queue or not
+-- (docs/decisions/0040-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.pull_queue(queue_name text, OUT id uuid, OUT max_retries integer, OUT paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -21,20 +26,18 @@ BEGIN
     SELECT q.id, q.max_retries, q.paused, w.name INTO id, max_retries, paused, worker
     FROM pgmb_queue q LEFT JOIN pgmb_worker w ON w.id = q.worker_id
     WHERE q.name = queue_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name)
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'SELECT name FROM pgmb.queues WHERE worker_id IS NULL lists the pull queues.';
+    IF id IS NULL OR NOT pgmb.may('consume', id) THEN
+        -- Raises: "does not exist" only to a role that may consume every queue.
+        PERFORM pgmb.require('consume', queue_name);
     END IF;
     IF worker IS NOT NULL THEN
-        RAISE EXCEPTION 'queue % is not a pull queue: worker % receives its messages', quote_literal(queue_name), quote_literal(worker)
+        -- The worker is named to administrators only: a consumer granted a push queue
+        -- has no business with its worker.
+        RAISE EXCEPTION 'queue % is not a pull queue: %', quote_literal(queue_name),
+                        CASE WHEN pgmb.may('administer') THEN format('worker %L receives its messages', worker)
+                             ELSE 'a worker receives its messages' END
             USING ERRCODE = 'wrong_object_type',
                   HINT = 'Clients read only from queues without a worker: pgmb.create(name, binding_key, max_retries, NULL).';
-    END IF;
-    -- Every entry point comes here first: a role may consume only the queues granted to it
-    -- (access control, access.sql), and is refused before anything is read or written.
-    IF NOT pgmb.may('consume', id) THEN
-        PERFORM pgmb.require('consume', queue_name);
     END IF;
 END $$;
 
@@ -74,8 +77,10 @@ BEGIN
     END IF;
 END $$;
 
--- Deliveries among delivery_ids that exist but belong to another queue than queue_id: an
--- error, before anything is written. Ids that do not exist (settled already) are skipped.
+-- Deliveries among delivery_ids that exist but belong to another queue than queue_id, one
+-- the caller may consume too: an error, before anything is written. Ids that do not exist
+-- (settled already) are skipped, and so are those of queues the caller may not consume,
+-- which it must not learn about (docs/decisions/0040-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.check_pull_ids(queue_name text, queue_id uuid, delivery_ids bigint[])
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -86,7 +91,9 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     SELECT string_agg(d.id::text, ', ' ORDER BY d.id) INTO foreign_ids
-    FROM pgmb_delivery d WHERE d.id = ANY (delivery_ids) AND d.queue_id <> check_pull_ids.queue_id;
+    FROM pgmb_delivery d
+    WHERE d.id = ANY (delivery_ids) AND d.queue_id <> check_pull_ids.queue_id
+      AND pgmb.may('consume', d.queue_id);
     IF foreign_ids IS NOT NULL THEN
         RAISE EXCEPTION 'messages % are not in queue %', foreign_ids, quote_literal(queue_name)
             USING ERRCODE = 'invalid_parameter_value',
@@ -405,28 +412,18 @@ BEGIN
 END $$;
 
 -- The entry points act for their caller (checked by pgmb.pull_queue), as pgmb.send does:
--- a consumer role needs a queue grant, no privilege on the tables. Their search_path is
--- pg_catalog, the tables' schema (the schema Django created them in), pg_temp: see
--- access.sql. CREATE OR REPLACE drops these settings: they are set again here.
-DO $$
-DECLARE
-    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                    WHERE c.oid = 'pgmb_message'::regclass);
-    f text;
-BEGIN
-    FOREACH f IN ARRAY ARRAY[
-        'pgmb.read(text, double precision, integer, jsonb)',
-        'pgmb.read_with_poll(text, double precision, integer, double precision, integer, jsonb)',
-        'pgmb.pop(text, integer)',
-        'pgmb.delete(text, bigint[])', 'pgmb.delete(text, bigint)',
-        'pgmb.archive(text, bigint[])', 'pgmb.archive(text, bigint)',
-        'pgmb.set_vt(text, bigint[], double precision)', 'pgmb.set_vt(text, bigint, double precision)',
-        'pgmb.nack(text, bigint[], integer[], text[])',
-        'pgmb.purge(text)', 'pgmb.pull_next_visible(text)'
-    ] LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp', f, tables);
-    END LOOP;
-END $$;
+-- a consumer role needs a queue grant, no privilege on the tables (pgmb.pin_definers,
+-- tables.sql).
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.read(text, double precision, integer, jsonb)',
+    'pgmb.read_with_poll(text, double precision, integer, double precision, integer, jsonb)',
+    'pgmb.pop(text, integer)',
+    'pgmb.delete(text, bigint[])', 'pgmb.delete(text, bigint)',
+    'pgmb.archive(text, bigint[])', 'pgmb.archive(text, bigint)',
+    'pgmb.set_vt(text, bigint[], double precision)', 'pgmb.set_vt(text, bigint, double precision)',
+    'pgmb.nack(text, bigint[], integer[], text[])',
+    'pgmb.purge(text)', 'pgmb.pull_next_visible(text)'
+]);
 
 -- pgmb.read plans its statement once per session (its generic plan), and with the settings
 -- of the claim: a read planned against "no rows over many pages" would pick through

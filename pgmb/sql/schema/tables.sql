@@ -146,13 +146,44 @@ BEGIN
     RETURN w;
 END $_$;
 
+-- Whether a worker's request timeout ends within a queue's lease: strictly shorter, so
+-- that a request ends before its delivery can be claimed and posted again (NaN, greatest
+-- of all here, ends within nothing). The rule of pgmb.models.timeout_within_lease
+-- (tests/rules, one table of cases for both).
+CREATE OR REPLACE FUNCTION pgmb.timeout_within_lease(timeout double precision, lease double precision)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT coalesce(timeout < lease, false) $$;
+
+-- The worker_timeout trigger (a changed timeout): the new timeout ends within the lease of
+-- every queue the worker delivers for, or the update is refused naming the shortest one.
+CREATE OR REPLACE FUNCTION pgmb.check_worker_timeout(w public.pgmb_worker) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    queue text;
+    lease double precision;
+BEGIN
+    SELECT q.name, q.lease_seconds INTO queue, lease FROM pgmb_queue q
+    WHERE q.worker_id = w.id AND NOT pgmb.timeout_within_lease(w.timeout, q.lease_seconds)
+    ORDER BY q.lease_seconds, q.name LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'invalid timeout % s for worker %: it must be shorter than the lease of queue % (% s)',
+                        w.timeout, quote_literal(w.name), quote_literal(queue), lease
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A request that outlasts its lease is posted twice: shorten the timeout or lengthen the lease.';
+    END IF;
+END $$;
+
 -- The BEFORE INSERT OR UPDATE trigger function of pgmb_queue: checks the name (and that
 -- no other queue would own its views), compiles the binding key into the pattern and the
--- binding tags, and checks the retry, backoff and lease settings.
+-- binding tags, and checks the retry, backoff and lease settings, the lease against its
+-- worker's timeout included.
 CREATE OR REPLACE FUNCTION pgmb.prepare_queue(q pgmb_queue) RETURNS pgmb_queue
 LANGUAGE plpgsql AS $$
 DECLARE
     other text;
+    worker text;
+    timeout double precision;
 BEGIN
     PERFORM pgmb.check_name('queue', q.name);
     SELECT name INTO other FROM pgmb_queue
@@ -182,6 +213,19 @@ BEGIN
     IF q.lease_seconds > 2592000 OR q.backoff_base > 2592000 OR q.backoff_max > 2592000 THEN
         RAISE EXCEPTION 'invalid durations for queue %: the lease and the backoff may be at most 30 days (2592000 s)', q.name
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A queue's writes are rare (created, changed, paused): one look-up of its worker. An
+    -- unchanged lease and worker stay accepted, as the worker's other rules do: a row
+    -- stored before the rule can still be paused.
+    SELECT w.name, w.timeout INTO worker, timeout FROM pgmb_worker w
+    WHERE w.id = q.worker_id
+      AND NOT EXISTS (SELECT FROM pgmb_queue o
+                      WHERE o.id = q.id AND o.worker_id = q.worker_id AND o.lease_seconds = q.lease_seconds);
+    IF FOUND AND NOT pgmb.timeout_within_lease(timeout, q.lease_seconds) THEN
+        RAISE EXCEPTION 'invalid lease % s for queue %: it must be longer than the timeout of worker % (% s)',
+                        q.lease_seconds, quote_literal(q.name), quote_literal(worker), timeout
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A request that outlasts its lease is posted twice: lengthen the lease or shorten the worker''s timeout.';
     END IF;
     RETURN q;
 END $$;
@@ -235,4 +279,24 @@ BEGIN
                   HINT = 'As the schema''s owner or a superuser: ' || fix || ' (docs/security.md)';
     END IF;
     RETURN true;  -- the writers went away meanwhile
+END $$;
+
+-- Makes each of these functions (regprocedure texts) act for its caller as pgmb's owner:
+-- SECURITY DEFINER with search_path pg_catalog first, so that no object of the tables'
+-- schema can stand in for a built-in of the same argument types; then the tables' schema
+-- (the schema Django created them in, which pgmb.refuse_writable_schemas keeps closed to
+-- other roles); pg_temp last, so no temporary object can stand in for one
+-- (docs/decisions/0026-definers-refuse-writable-schemas.md). CREATE OR REPLACE drops these
+-- settings: each schema file that defines entry points calls this after them.
+CREATE OR REPLACE FUNCTION pgmb.pin_definers(signatures text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    tables name := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.oid = 'pgmb_message'::regclass);
+    f text;
+BEGIN
+    FOREACH f IN ARRAY signatures LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, %I, pg_temp',
+                       f::regprocedure, tables);
+    END LOOP;
 END $$;

@@ -10,7 +10,7 @@ lands in CACHE/<version>/ (default: .cache/postgres in the repository, which git
 and is reused next time. Only the standard library is used: this runs before any virtualenv.
 
 What these builds lack is decided by the build, not by pgmb: no pg_cron, no pg_config, and a
-plpython3u linked against Python 3.6, which cannot load here (docs/decisions/0049).
+plpython3u linked against Python 3.6, which cannot load here (docs/decisions/0048).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ up before may be gone at its next statement. Such a pooler cannot give a client 
 key of a server process, since it has none of its own: it sends one it made up, whose
 process id is no server's. So a connection is *pooled* when the process id of its
 start-up (``info.backend_pid``) is not the one ``pg_backend_pid()`` answers: one round
-trip at connect, nothing to configure (docs/decisions/0046-a-pooler-is-detected-at-connect.md). A
+trip at connect, nothing to configure (docs/decisions/0045-a-pooler-is-detected-at-connect.md). A
 TCP proxy that forwards a whole session passes the real key on, and is rightly not
 counted: the session is the server's.
 

@@ -7,7 +7,7 @@ Django-free rules (:mod:`pgmb.routing`, :mod:`pgmb.durations`,
 would hold it to. A row that breaks a rule of its form (key, id, JSON, delay) stops the
 run before anything is written; a well-formed row that breaks a message limit (depth,
 header count and sizes, reserved headers) is refused on its own, with its reason, and the
-others are published (docs/decisions/0042-pipeline-rows-refused-one-by-one.md).
+others are published (docs/decisions/0041-pipeline-rows-refused-one-by-one.md).
 
 A row comes from :func:`pgmb.pipeline.publish_input.prepare`, its fields in the order of
 :data:`FIELDS` (the first few of them).

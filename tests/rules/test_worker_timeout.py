@@ -2,7 +2,7 @@
 of cases, one verdict from Python (pgmb.models.timeout_within_lease, the models'
 validation, the admin's forms) and from the database (pgmb.timeout_within_lease, the
 worker_timeout and queue_prepare triggers, whatever writes the row)
-(docs/decisions/0041-a-request-ends-within-its-lease.md)."""
+(docs/decisions/0040-a-request-ends-within-its-lease.md)."""
 
 from __future__ import annotations
 

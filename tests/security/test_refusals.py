@@ -1,5 +1,5 @@
 """A role learns nothing from pgmb's answers about what it may not see
-(docs/decisions/0040-refusals-tell-nothing.md).
+(docs/decisions/0039-refusals-tell-nothing.md).
 
 A producer may not read messages, so it is never told that a message id is taken, that a
 dependency does not exist, or the id of a message its own duplicates. A consumer is

@@ -1037,7 +1037,7 @@ BEGIN
         WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
         -- Only to a caller that may read messages: to any other, a dependency that does not
         -- exist is one that was settled and archived, so that it cannot probe for ids
-        -- (docs/decisions/0040-refusals-tell-nothing.md).
+        -- (docs/decisions/0039-refusals-tell-nothing.md).
         IF FOUND AND pgmb.caller_sees_messages() THEN
             RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
                 USING ERRCODE = 'foreign_key_violation',
@@ -1218,7 +1218,7 @@ BEGIN
     -- Nothing stored: the id is taken, or the message duplicates one for every queue. A
     -- caller that may not read messages is told neither, nor another message's id: it gets
     -- the id it sent, as if stored, and a resent message is not stored twice
-    -- (docs/decisions/0040-refusals-tell-nothing.md).
+    -- (docs/decisions/0039-refusals-tell-nothing.md).
     IF NOT pgmb.caller_sees_messages() THEN
         RETURN send.id;
     END IF;
@@ -2088,7 +2088,7 @@ END $$;
 -- (access control, access.sql), and is refused before anything is read or written. The
 -- access is checked before anything else is said about the queue: a role that may not
 -- consume it gets the same refusal whether it exists or not, is a pull queue or not
--- (docs/decisions/0040-refusals-tell-nothing.md).
+-- (docs/decisions/0039-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.pull_queue(queue_name text, OUT id uuid, OUT max_retries integer, OUT paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -2153,7 +2153,7 @@ END $$;
 -- Deliveries among delivery_ids that exist but belong to another queue than queue_id, one
 -- the caller may consume too: an error, before anything is written. Ids that do not exist
 -- (settled already) are skipped, and so are those of queues the caller may not consume,
--- which it must not learn about (docs/decisions/0040-refusals-tell-nothing.md).
+-- which it must not learn about (docs/decisions/0039-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.check_pull_ids(queue_name text, queue_id uuid, delivery_ids bigint[])
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -3485,7 +3485,7 @@ BEGIN
         SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
         -- Only a role that may consume every queue (pgmb.may without a queue) learns that
         -- one does not exist: to any other, a missing queue and a queue not granted to it
-        -- get the same refusal below (docs/decisions/0040-refusals-tell-nothing.md).
+        -- get the same refusal below (docs/decisions/0039-refusals-tell-nothing.md).
         IF qid IS NULL AND pgmb.may('consume', NULL) THEN
             RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name)
                 USING ERRCODE = 'undefined_object',
@@ -3659,7 +3659,7 @@ $$;
 -- Whether the caller may read pgmb's messages (the owner, pgmb_admin's members, a role
 -- granted SELECT on pgmb_message): only such a caller is told about messages it did not
 -- publish, that an id is taken or that a dependency does not exist (pgmb.send,
--- pgmb.admit_message; docs/decisions/0040-refusals-tell-nothing.md).
+-- pgmb.admit_message; docs/decisions/0039-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.caller_sees_messages() RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT has_table_privilege(pgmb.caller(), 'pgmb_message', 'SELECT')

@@ -93,7 +93,7 @@ BEGIN
         SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
         -- Only a role that may consume every queue (pgmb.may without a queue) learns that
         -- one does not exist: to any other, a missing queue and a queue not granted to it
-        -- get the same refusal below (docs/decisions/0040-refusals-tell-nothing.md).
+        -- get the same refusal below (docs/decisions/0039-refusals-tell-nothing.md).
         IF qid IS NULL AND pgmb.may('consume', NULL) THEN
             RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name)
                 USING ERRCODE = 'undefined_object',
@@ -267,7 +267,7 @@ $$;
 -- Whether the caller may read pgmb's messages (the owner, pgmb_admin's members, a role
 -- granted SELECT on pgmb_message): only such a caller is told about messages it did not
 -- publish, that an id is taken or that a dependency does not exist (pgmb.send,
--- pgmb.admit_message; docs/decisions/0040-refusals-tell-nothing.md).
+-- pgmb.admit_message; docs/decisions/0039-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.caller_sees_messages() RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT has_table_privilege(pgmb.caller(), 'pgmb_message', 'SELECT')

@@ -223,7 +223,7 @@ BEGIN
         WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
         -- Only to a caller that may read messages: to any other, a dependency that does not
         -- exist is one that was settled and archived, so that it cannot probe for ids
-        -- (docs/decisions/0040-refusals-tell-nothing.md).
+        -- (docs/decisions/0039-refusals-tell-nothing.md).
         IF FOUND AND pgmb.caller_sees_messages() THEN
             RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
                 USING ERRCODE = 'foreign_key_violation',
@@ -404,7 +404,7 @@ BEGIN
     -- Nothing stored: the id is taken, or the message duplicates one for every queue. A
     -- caller that may not read messages is told neither, nor another message's id: it gets
     -- the id it sent, as if stored, and a resent message is not stored twice
-    -- (docs/decisions/0040-refusals-tell-nothing.md).
+    -- (docs/decisions/0039-refusals-tell-nothing.md).
     IF NOT pgmb.caller_sees_messages() THEN
         RETURN send.id;
     END IF;

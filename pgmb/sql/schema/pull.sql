@@ -15,7 +15,7 @@
 -- (access control, access.sql), and is refused before anything is read or written. The
 -- access is checked before anything else is said about the queue: a role that may not
 -- consume it gets the same refusal whether it exists or not, is a pull queue or not
--- (docs/decisions/0040-refusals-tell-nothing.md).
+-- (docs/decisions/0039-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.pull_queue(queue_name text, OUT id uuid, OUT max_retries integer, OUT paused boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -80,7 +80,7 @@ END $$;
 -- Deliveries among delivery_ids that exist but belong to another queue than queue_id, one
 -- the caller may consume too: an error, before anything is written. Ids that do not exist
 -- (settled already) are skipped, and so are those of queues the caller may not consume,
--- which it must not learn about (docs/decisions/0040-refusals-tell-nothing.md).
+-- which it must not learn about (docs/decisions/0039-refusals-tell-nothing.md).
 CREATE OR REPLACE FUNCTION pgmb.check_pull_ids(queue_name text, queue_id uuid, delivery_ids bigint[])
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE

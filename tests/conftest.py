@@ -10,8 +10,11 @@ to it.
 from __future__ import annotations
 
 import itertools
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -132,6 +135,22 @@ def _queue_views_leave_with_their_queues(request, django_db_blocker) -> Iterator
             cursor.execute(_ORPHAN_QUEUE_VIEWS)
             for (view,) in cursor.fetchall():
                 cursor.execute(f"DROP VIEW IF EXISTS {view}")
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory) -> Path:
+    """A self-signed certificate for 127.0.0.1 (key and certificate in one PEM file), for
+    the TLS servers of the tests."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (make deps installs it)")
+    pem = tmp_path_factory.mktemp("tls") / "localhost.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(pem), "-out", str(pem)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return pem
 
 
 # A real HTTP server on loopback that records requests and answers as scripted.

@@ -11,13 +11,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -327,21 +324,6 @@ def test_a_large_body_arrives_intact(send, recording_server):
     assert send(recording_server.url(), payload) == (200, "", None)
     (received,) = recording_server.wait_for(1)
     assert received.json() == payload
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory) -> Path:
-    """A self-signed certificate for 127.0.0.1 (key and certificate in one PEM file)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (make deps installs it)")
-    pem = tmp_path_factory.mktemp("tls") / "localhost.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(pem), "-out", str(pem)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return pem
 
 
 def test_https_keeps_its_connection_and_checks_the_certificate(certificate):

@@ -1,10 +1,7 @@
 """A worker's timeout is shorter than the lease of every queue it delivers for: a request
 that outlasts its lease lets the delivery be claimed and posted again while it runs."""
 
-import shutil
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -80,21 +77,6 @@ def test_the_plpython_transport_stops_at_the_deadline(sql):
 
     assert (status, error) == (None, "timeout after 0.5s")
     assert took < 3, took
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory) -> Path:
-    """A self-signed certificate for 127.0.0.1 (key and certificate in one PEM file)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed (make deps installs it)")
-    pem = tmp_path_factory.mktemp("tls") / "localhost.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(pem), "-out", str(pem)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return pem
 
 
 @pytest.mark.django_db(transaction=True)

@@ -101,10 +101,13 @@ EOF
     eval "$(print_env)"
     if ! psql -X -q -v ON_ERROR_STOP=1 -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$cron_db'" | grep -q 1; then
       # What docs/security.md has operators of PostgreSQL 14 run (15 made it the default):
-      # pgmb's definers refuse to act while PUBLIC may create in their schema. In template1
-      # and postgres, so that every database of the cluster starts so.
+      # pgmb's definers refuse to act while PUBLIC may create in their schema, and each
+      # database's owner still may (pg_database_owner). In template1 and postgres, so that
+      # every database of the cluster starts so.
       for db in template1 postgres; do
-        psql -X -q -v ON_ERROR_STOP=1 -d "$db" -c "REVOKE CREATE ON SCHEMA public FROM PUBLIC"
+        psql -X -q -v ON_ERROR_STOP=1 -d "$db" \
+          -c "ALTER SCHEMA public OWNER TO pg_database_owner" \
+          -c "REVOKE CREATE ON SCHEMA public FROM PUBLIC"
       done
       psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE \"$cron_db\""
     fi

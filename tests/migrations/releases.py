@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pgmb import sql
 
 #: The last migration of each release, oldest first. The upgrade test starts from each of
 #: them; a release's migration is added here when the release is cut, and frozen from then on.
-RELEASED: list[str] = []
+RELEASED: list[str] = ["0001_initial"]
+
+#: Every file of each released migration with its SHA-256, as `sha256sum` writes them (cut a
+#: release: `sha256sum pgmb/migrations/NNNN_name.py pgmb/sql/migrations/NNNN_name* >>` it).
+#: A released migration is never edited: tests/migrations/test_schema.py holds each file to
+#: its digest, as `sha256sum -c tests/migrations/released.sha256` does.
+RELEASED_DIGESTS = Path(__file__).with_name("released.sha256")
+
+
+def released_files() -> dict[str, str]:
+    """The files of the released migrations and their SHA-256 digests."""
+    lines = RELEASED_DIGESTS.read_text().splitlines()
+    return {path: digest for digest, path in (line.split(maxsplit=1) for line in lines if line)}
+
 
 #: The migration of the release in the making. Its SQL files are frozen copies of
 #: pgmb/sql/schema/ that `make schema` refreshes; a test keeps them equal to the source.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 from collections import Counter
 from importlib import resources
@@ -15,8 +16,8 @@ from django.db.migrations.loader import MigrationLoader
 
 from pgmb.sql import PLPYTHON, SCHEMA
 from pgmb.sql.operations import RunMigrationSQL, RunPlpythonSQL
-from tests.migrations.conftest import build_from_source
-from tests.migrations.releases import FROZEN, RELEASED, UNRELEASED, frozen
+from tests.migrations.conftest import ROOT, build_from_source
+from tests.migrations.releases import FROZEN, RELEASED, UNRELEASED, frozen, released_files
 
 FINGERPRINT = (Path(__file__).parent / "fingerprint.sql").read_text()
 SQL_DIR = resources.files("pgmb.sql")
@@ -97,3 +98,21 @@ def test_a_migration_per_release():
     loader = MigrationLoader(None, ignore_no_migrations=True)
     names = sorted(name for app, name in loader.disk_migrations if app == "pgmb")
     assert names == sorted({*RELEASED, UNRELEASED}), "one migration per release (decision 0023)"
+
+
+def test_a_released_migration_is_never_edited():
+    shipped = [
+        path.relative_to(ROOT).as_posix()
+        for folder in ("pgmb/migrations", "pgmb/sql/migrations")
+        for path in sorted((ROOT / folder).iterdir())
+        if path.name.startswith(tuple(f"{name}." for name in RELEASED))
+        or path.name.startswith(tuple(f"{name}_" for name in RELEASED))
+    ]
+    pinned = released_files()
+    assert sorted(pinned) == sorted(shipped), "every file of a release is pinned"
+    for path, digest in pinned.items():
+        found = hashlib.sha256((ROOT / path).read_bytes()).hexdigest()
+        assert found == digest, (
+            f"{path} belongs to a release and was edited: put the change in the next "
+            "release's migration (CONTRIBUTING.md, Migrations)"
+        )

@@ -6,12 +6,28 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 #: An answer whose head alone takes len(ANSWER) * interval seconds to arrive.
 ANSWER = b"HTTP/1.1 200 OK\r\nX-Padding: " + b"x" * 200 + b"\r\nContent-Length: 0\r\n\r\n"
+
+
+def _accept_each(
+    listener: socket.socket, stop: threading.Event, handle: Callable[[socket.socket], None]
+) -> None:
+    """Hand each connection ``listener`` accepts to ``handle`` in a thread of its own,
+    until ``stop`` is set (``listener`` has a timeout, so that it is looked at) or the
+    listener is closed."""
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
 
 @contextmanager
@@ -37,17 +53,7 @@ def trickling(interval: float = 0.05, host: str = "127.0.0.1") -> Iterator[str]:
             except OSError:
                 return  # the client went
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
+    thread = threading.Thread(target=_accept_each, args=(listener, stop, serve), daemon=True)
     thread.start()
     try:
         yield f"http://{host}:{port}/hook"
@@ -123,14 +129,7 @@ def slow_tls(certificate: Path, interval: float = 0.02) -> Iterator[str]:
                 return
         listener.accept()[0].close()  # the filler: the retransmitted SYN finds room
         listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=handshake, args=(conn,), daemon=True).start()
+        _accept_each(listener, stop, handshake)
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()

@@ -34,13 +34,15 @@ class RunPlpythonSQL(migrations.RunPython):
 
     The file defines functions in ``LANGUAGE plpython3u``: without the language, migrating
     still succeeds and the system checks say what the in-database path lacks. Migrating
-    back runs ``<name>.down.sql`` where the language is installed, if there is one (a later
-    release's file puts its previous release's functions back); without one, the reverse of
-    the migration that created schema ``pgmb`` drops the functions with the schema.
+    back runs ``<name>.down.sql`` where the language is installed, if there is one, or else
+    ``previous``, the previous release's copy of the transport, which replaces the
+    functions this one made; with neither, the reverse of the migration that created
+    schema ``pgmb`` drops the functions with the schema.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, previous: str | None = None) -> None:
         self.sql_name = name
+        self.previous = previous
         super().__init__(self._forward, self._backward)
 
     def _forward(self, apps: Any, schema_editor: Any) -> None:
@@ -52,14 +54,19 @@ class RunPlpythonSQL(migrations.RunPython):
     def _backward(self, apps: Any, schema_editor: Any) -> None:
         from .. import indb
 
-        if not has_down_script(self.sql_name):
+        if has_down_script(self.sql_name):
+            script = migration_script(self.sql_name, down=True)
+        elif self.previous is not None:
+            script = migration_script(self.previous)
+        else:
             return
         with schema_editor.connection.cursor() as cursor:
             if indb.capabilities(cursor).plpython_installed:
-                cursor.execute(migration_script(self.sql_name, down=True))
+                cursor.execute(script)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
-        return f"{__name__}.{type(self).__qualname__}", [self.sql_name], {}
+        kwargs = {} if self.previous is None else {"previous": self.previous}
+        return f"{__name__}.{type(self).__qualname__}", [self.sql_name], kwargs
 
     def describe(self) -> str:
         return f"Run pgmb/sql/migrations/{self.sql_name}.sql where PL/Python is available"

@@ -23,14 +23,15 @@ def released_files() -> dict[str, str]:
     return {path: digest for digest, path in (line.split(maxsplit=1) for line in lines if line)}
 
 
-#: The migration of the release in the making. Its SQL files are frozen copies of
-#: pgmb/sql/schema/ that `make schema` refreshes; a test keeps them equal to the source.
-UNRELEASED = "0001_initial"
+#: The migration of the release in the making. Its frozen SQL copies of pgmb/sql/schema/
+#: (FROZEN) are refreshed by `make schema`; a test keeps them equal to the source.
+UNRELEASED = "0002_release_0_1_1"
 
 #: Its frozen copies: the file, and the name of the list in pgmb.sql of the source files it
-#: copies, in order.
+#: copies, in order. After the first release only the PL/Python transport is copied whole
+#: (its file replaces every function it defines); the rest of a later release's migration
+#: is written by hand, holding only what changed (CONTRIBUTING.md, Migrations).
 FROZEN = {
-    f"{UNRELEASED}.sql": "SCHEMA",
     f"{UNRELEASED}_plpython.sql": "PLPYTHON",
 }
 

@@ -64,3 +64,12 @@ def _run(dbname: str, module: str, *args: str) -> subprocess.CompletedProcess:
     )
     assert result.returncode == 0, f"{module} {' '.join(args)}: {result.stderr}"
     return result
+
+
+@pytest.fixture(scope="session")
+def release_0_1_0(tmp_path_factory):
+    """pgmb 0.1.0 as released: its wheel built from commit 4ade33d, installed apart from
+    this checkout (once a session)."""
+    from tests.migrations.released_code import build_release
+
+    return build_release("0.1.0", tmp_path_factory.mktemp("pgmb-0.1.0"))

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from pgmb.sql.operations import RunMigrationSQL, RunPlpythonSQL
+from pgmb.sql.operations import LockTables, RunMigrationSQL, RunPlpythonSQL
 
 
 class Migration(migrations.Migration):
@@ -14,6 +14,18 @@ class Migration(migrations.Migration):
     dependencies = [("pgmb", "0001_initial")]
 
     operations = [
+        # First, every table the migration alters (add yours here): the locks are taken
+        # together, never one while waiting for another (LockTables, CONTRIBUTING.md).
+        LockTables(
+            "pgmb_worker",
+            "pgmb_worker_secret",
+            "pgmb_queue",
+            "pgmb_message",
+            "pgmb_delivery",
+            "pgmb_dead_letter",
+            "pgmb_attempt",
+            "pgmb_dispatcher",
+        ),
         RunMigrationSQL("0002_release_0_1_1"),
         RunPlpythonSQL("0002_release_0_1_1_plpython", previous="0001_initial_plpython"),
     ]

@@ -8,9 +8,11 @@ very files it missed, in order (``tests/migrations`` checks both rules).
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any
 
-from django.db import migrations
+from django.db import OperationalError, migrations, transaction
 
 from . import has_down_script, migration_script
 
@@ -70,3 +72,61 @@ class RunPlpythonSQL(migrations.RunPython):
 
     def describe(self) -> str:
         return f"Run pgmb/sql/migrations/{self.sql_name}.sql where PL/Python is available"
+
+
+#: SQLSTATE of a lock not had within lock_timeout (lock_not_available).
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+class LockTables(migrations.RunPython):
+    """Take ACCESS EXCLUSIVE locks on ``tables`` first, all in one statement, for the rest
+    of the migration's transaction, so that no later statement of it waits on a lock while
+    holding one (docs/decisions/0062-upgrades-under-running-dispatchers.md).
+
+    Dispatchers and publishers keep running while a release migrates: a migration that
+    holds one table and waits for another deadlocks with a ``pgmb.send`` or ``pgmb.claim``
+    that holds the second and waits for the first, and PostgreSQL aborts one of them (the
+    producer's send, or the migration). Here each lock is waited for ``wait_ms`` at most,
+    well under ``deadlock_timeout``: if one cannot be had, the locks taken so far are let
+    go (the savepoint rolls back), the clients queued behind them go on, and the statement
+    is tried again after a short random pause, for ``give_up_after`` seconds.
+    """
+
+    def __init__(self, *tables: str, wait_ms: int = 50, give_up_after: float = 120.0) -> None:
+        self.tables = tables
+        self.wait_ms = wait_ms
+        self.give_up_after = give_up_after
+        super().__init__(self._forward, migrations.RunPython.noop)
+
+    def _forward(self, apps: Any, schema_editor: Any) -> None:
+        from psycopg import sql
+
+        statement = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            sql.SQL(", ").join(sql.Identifier(name) for name in self.tables)
+        )
+        connection = schema_editor.connection
+        deadline = time.monotonic() + self.give_up_after
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            [(previous,)] = cursor.fetchall()
+            while True:
+                try:
+                    with transaction.atomic(using=connection.alias):
+                        cursor.execute(
+                            "SELECT set_config('lock_timeout', %s, true)", [f"{self.wait_ms}ms"]
+                        )
+                        cursor.execute(statement)
+                    break
+                except OperationalError as exc:
+                    busy = getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE
+                    if not busy or time.monotonic() > deadline:
+                        raise
+                time.sleep(random.uniform(0.02, 0.2))  # noqa: S311 (a pause, not a secret)
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs = {"wait_ms": self.wait_ms, "give_up_after": self.give_up_after}
+        return f"{__name__}.{type(self).__qualname__}", list(self.tables), kwargs
+
+    def describe(self) -> str:
+        return f"Lock {', '.join(self.tables)} (waiting {self.wait_ms} ms a try)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import OperationalError, migrations, transaction
@@ -78,18 +79,53 @@ class RunPlpythonSQL(migrations.RunPython):
 _LOCK_NOT_AVAILABLE = "55P03"
 
 
+def lock_tables(
+    connection: Any, tables: Sequence[str], wait_ms: int = 50, give_up_after: float = 120.0
+) -> None:
+    """Take ACCESS EXCLUSIVE locks on ``tables`` in the transaction of ``connection`` (a
+    Django connection), all in one statement, waiting ``wait_ms`` at most for each lock; if
+    one cannot be had, let go of those taken (a savepoint rolls back) and try again after a
+    short random pause, for ``give_up_after`` seconds (then raise OperationalError)."""
+    names = ", ".join(connection.ops.quote_name(name) for name in tables)
+    statement = f"LOCK TABLE {names} IN ACCESS EXCLUSIVE MODE"
+    deadline = time.monotonic() + give_up_after
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        [(previous,)] = cursor.fetchall()
+        while True:
+            try:
+                with transaction.atomic(using=connection.alias):
+                    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{wait_ms}ms"])
+                    cursor.execute(statement)
+                break
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                    raise
+                if time.monotonic() > deadline:
+                    raise OperationalError(
+                        f"could not lock {', '.join(tables)} within {give_up_after:g} s: "
+                        "other sessions kept holding them (see pg_locks and "
+                        "pg_stat_activity); the migration changed nothing, run it again"
+                    ) from exc
+            time.sleep(random.uniform(0.02, 0.2))  # noqa: S311 (a pause, not a secret)
+        # The savepoint kept the short timeout: the rest of the migration waits as usual.
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
 class LockTables(migrations.RunPython):
-    """Take ACCESS EXCLUSIVE locks on ``tables`` first, all in one statement, for the rest
-    of the migration's transaction, so that no later statement of it waits on a lock while
-    holding one (docs/decisions/0062-upgrades-under-running-dispatchers.md).
+    """Take ACCESS EXCLUSIVE locks on ``tables`` first, all together (:func:`lock_tables`),
+    for the rest of the migration's transaction, so that no later statement of it waits on
+    a lock while holding one (docs/decisions/0062-upgrades-under-running-dispatchers.md).
 
     Dispatchers and publishers keep running while a release migrates: a migration that
     holds one table and waits for another deadlocks with a ``pgmb.send`` or ``pgmb.claim``
     that holds the second and waits for the first, and PostgreSQL aborts one of them (the
     producer's send, or the migration). Here each lock is waited for ``wait_ms`` at most,
-    well under ``deadlock_timeout``: if one cannot be had, the locks taken so far are let
-    go (the savepoint rolls back), the clients queued behind them go on, and the statement
-    is tried again after a short random pause, for ``give_up_after`` seconds.
+    all of them together well under ``deadlock_timeout`` (1 s by default), so that no
+    client waits on the migration long enough to look for a deadlock: if one cannot be
+    had, the locks taken so far are let go, the clients queued behind them go on, and the
+    statement is tried again. Migrating back takes no locks (this operation's reverse runs
+    after the reverse of the others).
     """
 
     def __init__(self, *tables: str, wait_ms: int = 50, give_up_after: float = 120.0) -> None:
@@ -99,30 +135,7 @@ class LockTables(migrations.RunPython):
         super().__init__(self._forward, migrations.RunPython.noop)
 
     def _forward(self, apps: Any, schema_editor: Any) -> None:
-        from psycopg import sql
-
-        statement = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-            sql.SQL(", ").join(sql.Identifier(name) for name in self.tables)
-        )
-        connection = schema_editor.connection
-        deadline = time.monotonic() + self.give_up_after
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT current_setting('lock_timeout')")
-            [(previous,)] = cursor.fetchall()
-            while True:
-                try:
-                    with transaction.atomic(using=connection.alias):
-                        cursor.execute(
-                            "SELECT set_config('lock_timeout', %s, true)", [f"{self.wait_ms}ms"]
-                        )
-                        cursor.execute(statement)
-                    break
-                except OperationalError as exc:
-                    busy = getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE
-                    if not busy or time.monotonic() > deadline:
-                        raise
-                time.sleep(random.uniform(0.02, 0.2))  # noqa: S311 (a pause, not a secret)
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+        lock_tables(schema_editor.connection, self.tables, self.wait_ms, self.give_up_after)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         kwargs = {"wait_ms": self.wait_ms, "give_up_after": self.give_up_after}

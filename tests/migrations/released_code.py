@@ -3,7 +3,8 @@ at the release's commit (tags may not travel with a clone), installed apart from
 checkout, its commands run as processes against a scratch database.
 
 The tests that upgrade from a release run the release's `migrate`, `pgmb_dispatch` and SQL
-while the code of this checkout migrates the same database (docs/decisions/0062).
+while the code of this checkout migrates the same database
+(docs/decisions/0062-upgrades-under-running-dispatchers.md).
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.migrations.conftest import ROOT
-
-#: The commit each release was cut from (the release commit, found by its hash).
-RELEASE_COMMITS = {"0.1.0": "4ade33d"}
+from tests.migrations.releases import RELEASE_COMMITS
 
 #: The released app's settings: only what it needs, nothing of this checkout (whose
 #: ``tests`` package is not on its path). The server is the one the tests use (libpq's

@@ -10,6 +10,12 @@ from pgmb import sql
 #: them; a release's migration is added here when the release is cut, and frozen from then on.
 RELEASED: list[str] = ["0001_initial"]
 
+#: The commit each release was cut from, found by its hash (tags may not travel with a
+#: clone): tests/migrations/released_code.py builds the release's wheel from it, and the
+#: live upgrade test runs that release's code while this checkout migrates. Cutting a
+#: release: add its commit here.
+RELEASE_COMMITS: dict[str, str] = {"0.1.0": "4ade33d"}
+
 #: Every file of each released migration with its SHA-256, as `sha256sum` writes them (cut a
 #: release: `sha256sum pgmb/migrations/NNNN_name.py pgmb/sql/migrations/NNNN_name* >>` it).
 #: A released migration is never edited: tests/migrations/test_schema.py holds each file to

@@ -1,7 +1,9 @@
 """Upgrades never break: a database migrated to a previous release's last migration and
 filled with live deliveries (ready, delayed, leased, dead) through the SQL API is migrated
 to the newest one and delivers all of them, through both dispatch paths, with its schema
-equal to a fresh install's. One run per previous release (tests/migrations/releases.py)."""
+equal to a fresh install's. One run per previous release (tests/migrations/releases.py).
+Here this checkout's code writes the previous release's schema and delivers; the previous
+release's own code, running while the migration applies, is test_live_upgrade.py."""
 
 from __future__ import annotations
 

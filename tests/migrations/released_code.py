@@ -70,12 +70,15 @@ class ReleasedPgmb:
         assert done.returncode == 0, f"{self.version}'s {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def start(self, dbname: str, *args: str) -> subprocess.Popen:
-        """Start the release's ``django-admin ARGS`` (the caller stops it)."""
+    def start(self, dbname: str, *args: str, path: str = "") -> subprocess.Popen:
+        """Start the release's ``django-admin ARGS`` (the caller stops it); ``path`` is
+        added to its module search path (handlers of ``pgmb_consume``)."""
+        env = self.env(dbname)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env["PYTHONPATH"], path]))
         return subprocess.Popen(
             [sys.executable, "-m", "django", *args],
             cwd=self.project,
-            env=self.env(dbname),
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -12,6 +12,7 @@ dispatcher stalls or loops on errors; and the schema is a fresh install's.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -26,7 +27,7 @@ import pytest
 from django.db import connection
 
 from tests.httpserver import RecordingServer, slow
-from tests.migrations.conftest import manage
+from tests.migrations.conftest import ROOT, manage
 from tests.processes import StderrLines
 from tests.waiting import wait_until
 
@@ -182,8 +183,10 @@ class Publisher:
 
 
 class CronJob:
-    """The in-database loop as pg_cron runs it: a short ``CALL pgmb.dispatch_loop`` after
-    another, each in a new session, until stopped (between two CALLs, never within one)."""
+    """The in-database loop as pg_cron runs it: one ``CALL pgmb.dispatch_loop`` after
+    another, each in a new session, until stopped (between two CALLs, never within one).
+    A CALL lasts a few seconds: the one running when the migration commits goes on with
+    the procedure it started with (pg_cron 1.4 runs one a minute, lasting 55 s)."""
 
     def __init__(self, info: dict, queues: list[str]) -> None:
         self.info = info
@@ -198,7 +201,7 @@ class CronJob:
         while not self.stopping.is_set():
             try:
                 with psycopg.connect(**self.info, autocommit=True) as conn:
-                    conn.execute("CALL pgmb.dispatch_loop(0.9, 10, %s)", (self.queues,))
+                    conn.execute("CALL pgmb.dispatch_loop(3, 10, %s)", (self.queues,))
             except psycopg.Error as exc:
                 self.errors.append(exc)
             self.runs += 1
@@ -240,15 +243,61 @@ def _live_ids(sent: Sent, after: int) -> set[str]:
     return {str(mid) for mid, key, _ in sent.snapshot()[after:] if key.startswith("live.")}
 
 
+#: The handler of the pull queue's consumers, old and new: it notes each message it is
+#: given (id, and how many times it has been read) in the file PGMB_TEST_CONSUMED names.
+HANDLER = """
+import os
+
+def handle(message):
+    with open(os.environ["PGMB_TEST_CONSUMED"], "a") as noted:
+        noted.write(f"{message.message_id} {message.read_ct}\\n")
+"""
+
+
+class Consumed:
+    """What the pull queue's consumers were given: (message id, read count) in order."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.file = folder / "consumed.txt"
+        (folder / "upgrade_handler.py").write_text(HANDLER)
+        self.file.touch()
+
+    def reads(self) -> list[tuple[str, int]]:
+        lines = self.file.read_text().splitlines()
+        return [(mid, int(n)) for mid, n in (line.split() for line in lines if line)]
+
+    def ids(self) -> set[str]:
+        return {mid for mid, _ in self.reads()}
+
+
+def _consumer_args() -> list[str]:
+    return ["pgmb_consume", PULL, "--handler", "upgrade_handler.handle", "-v", "0"]
+
+
+def _old_release_runs(release, dbname: str, consumed: Consumed) -> list[subprocess.Popen]:
+    """0.1.0's pgmb_dispatch (the ext_ queues) and its consumer of the pull queue."""
+    return [
+        release.start(dbname, "pgmb_dispatch", "-v", "0", *_queue_args(EXTERNAL)),
+        release.start(dbname, *_consumer_args(), path=str(consumed.folder)),
+    ]
+
+
+def _surface(conn: psycopg.Connection) -> dict[tuple[str, str], str]:
+    return {(kind, name): what for kind, name, what in conn.execute(SURFACE)}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothing(
-    scratch, release_0_1_0, recording_server, manage_process
+    scratch, release_0_1_0, recording_server, manage_process, tmp_path, monkeypatch
 ):
     server = recording_server
     # Slow enough that requests are in flight whenever the migration takes its locks.
     server.respond(slow(0.05))
     server.respond(slow(0.05), path="/quick")
     sent = Sent()
+    consumed = Consumed(tmp_path)
+    monkeypatch.setenv("PGMB_TEST_CONSUMED", str(consumed.file))
     with scratch("pgmb_live_upgrade") as info, psycopg.connect(**info, autocommit=True) as conn:
         dbname = info["dbname"]
         release_0_1_0.manage(dbname, "migrate", "--noinput", "-v", "0")
@@ -265,9 +314,9 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
 
         ids = _fill(conn, server, sent)
 
-        # 0.1.0 delivering: its pgmb_dispatch, the in-database loop, a publisher.
-        old = release_0_1_0.start(dbname, "pgmb_dispatch", "-v", "0", *_queue_args(EXTERNAL))
-        old_stderr = StderrLines(old)
+        # 0.1.0 at work: its pgmb_dispatch and consumer, the in-database loop, a publisher.
+        old = _old_release_runs(release_0_1_0, dbname, consumed)
+        old_stderr = [StderrLines(proc) for proc in old]
         cron = CronJob(info, IN_DATABASE)
         publisher = Publisher(info, sent)
         try:
@@ -276,39 +325,51 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
                     _delivered_after(server, queue, {str(m) for m, k, _ in sent.snapshot()}),
                     message=f"0.1.0 delivering {queue} before the upgrade",
                 )
+            wait_until(consumed.reads, message="0.1.0's consumer reading before the upgrade")
 
             # The upgrade, with every one of them running.
-            surface = {(kind, name): what for kind, name, what in conn.execute(SURFACE)}
+            surface = _surface(conn)
             before = len(server.requests)
             manage(dbname, "migrate", "--noinput", "-v", "0")
-            kept = {(kind, name): what for kind, name, what in conn.execute(SURFACE)}
+            kept = _surface(conn)
             changed = {
                 key: (was, kept.get(key))
                 for key, was in surface.items()
                 if kept.get(key) != was and key not in RETIRED
             }
             assert changed == {}, "0.1.0's code calls or reads what the migration changed"
-            assert old.poll() is None, f"0.1.0's pgmb_dispatch exited: {old_stderr.lines}"
+            for proc, stderr in zip(old, old_stderr, strict=True):
+                assert proc.poll() is None, f"0.1.0's {proc.args[3]} exited: {stderr.lines}"
             assert conn.execute(
                 "SELECT count(*) FROM django_migrations WHERE app = 'pgmb'"
             ).fetchone() == (2,)
 
-            # Both 0.1.0 paths go on delivering what is sent after the migration.
+            # 0.1.0 goes on delivering and consuming what is sent after the migration.
             mark = len(sent.snapshot())
             for queue in ("ext_live", "indb_live"):
                 wait_until(
                     lambda q=queue: _delivered_after(server, q, _live_ids(sent, mark))(),
                     message=f"{queue}: 0.1.0's dispatch stuck after the migration",
                 )
+            wait_until(
+                lambda: consumed.ids() & _pulled_ids(sent, mark),
+                message="0.1.0's consumer stuck after the migration",
+            )
             assert len(server.requests) > before
 
-            # This checkout's pgmb_dispatch takes over from 0.1.0's.
-            status, _ = _stop(old)
-            assert status == 0, f"0.1.0's pgmb_dispatch exited {status}: {old_stderr.lines}"
-            new = manage_process(
-                "pgmb_dispatch", "-v", "0", *_queue_args(EXTERNAL), env={"PGMB_DB_NAME": dbname}
-            )
-            new_stderr = StderrLines(new)
+            # This checkout's pgmb_dispatch and consumer take over from 0.1.0's.
+            for proc, stderr in zip(old, old_stderr, strict=True):
+                status, _ = _stop(proc)
+                assert status == 0, f"0.1.0's {proc.args[3]} exited {status}: {stderr.lines}"
+            here = {"PGMB_DB_NAME": dbname, "PGMB_TEST_CONSUMED": str(consumed.file)}
+            new = [
+                manage_process("pgmb_dispatch", "-v", "0", *_queue_args(EXTERNAL), env=here),
+                manage_process(
+                    *_consumer_args(),
+                    env={**here, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])},
+                ),
+            ]
+            new_stderr = [StderrLines(proc) for proc in new]
             for queue in ("ext_dead", "indb_dead"):
                 assert conn.execute("SELECT pgmb.requeue(%s)", (queue,)).fetchone() == (1,)
             mark = len(sent.snapshot())
@@ -316,46 +377,44 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
                 lambda: _delivered_after(server, "ext_live", _live_ids(sent, mark))(),
                 message="this checkout's pgmb_dispatch delivering",
             )
+            wait_until(
+                lambda: consumed.ids() & _pulled_ids(sent, mark),
+                message="this checkout's consumer reading",
+            )
         finally:
             publisher.stop()
-            if old.poll() is None:
-                old.kill()
+            for proc in old:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
 
-        # Everything sent arrives: pushed to both paths, or read from the pull queue.
+        # Everything sent arrives: pushed to both paths, or handed to a consumer.
         expected = sent.expected_posts()
 
         def missing() -> set[tuple[str, str]]:
             return expected - set(_arrived(server))
 
         wait_until(
-            lambda: not missing(),
+            lambda: not missing() and consumed.ids() >= sent.pulled(),
             timeout=90,
-            message=lambda: f"deliveries never posted: {sorted(missing())[:10]}",
+            message=lambda: (
+                f"deliveries never posted: {sorted(missing())[:10]}; never consumed: "
+                f"{sorted(sent.pulled() - consumed.ids())[:10]}"
+            ),
         )
-        pulled: set[str] = set()
-
-        def pull_all() -> bool:
-            rows = conn.execute(f"SELECT delivery_id, message_id FROM pgmb.read('{PULL}', 30, 100)")
-            got = rows.fetchall()
-            if got:
-                deleted = conn.execute(
-                    f"SELECT pgmb.delete('{PULL}', %s::bigint[])", ([r[0] for r in got],)
-                ).fetchall()
-                assert len(deleted) == len(got)
-                pulled.update(str(r[1]) for r in got)
-            return pulled >= sent.pulled()
-
-        wait_until(pull_all, message="the pull queue's messages read and deleted")
         cron.stop()
-        status, _ = _stop(new)
-        assert status == 0, f"this checkout's pgmb_dispatch exited {status}: {new_stderr.lines}"
+        for proc, stderr in zip(new, new_stderr, strict=True):
+            status, _ = _stop(proc)
+            assert status == 0, f"this checkout's {proc.args[3]} exited {status}: {stderr.lines}"
 
         # A deadlock with the migration would show here (docs/decisions/0062).
         assert [str(e) for e in publisher.errors] == [], "a send failed while the upgrade ran"
         assert [str(e) for e in cron.errors] == [], "a CALL of the in-database loop failed"
-        assert _problems(old_stderr) == [], "0.1.0's pgmb_dispatch logged errors"
-        assert _problems(new_stderr) == [], "this checkout's pgmb_dispatch logged errors"
-        assert pulled == sent.pulled()
+        for stderr in old_stderr:
+            assert _problems(stderr) == [], "a process of 0.1.0 logged errors"
+        for stderr in new_stderr:
+            assert _problems(stderr) == [], "a process of this checkout logged errors"
+        assert consumed.ids() == sent.pulled()
         assert conn.execute("SELECT count(*) FROM pgmb_delivery").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM pgmb_dead_letter").fetchone() == (0,)
 
@@ -364,8 +423,7 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
         attempts: dict[tuple[str, str], list[str]] = defaultdict(list)
         for queue, message_id, outcome in conn.execute(
             "SELECT q.name, a.message_id::text, a.outcome FROM pgmb_attempt a"
-            " JOIN pgmb_queue q ON q.id = a.queue_id WHERE q.worker_id IS NOT NULL"
-            " ORDER BY a.id"
+            " JOIN pgmb_queue q ON q.id = a.queue_id ORDER BY a.id"
         ):
             attempts[(queue, message_id)].append(outcome)
         posts = _arrived(server)
@@ -375,32 +433,22 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
             if n > len(attempts.get(key, [])) or attempts.get(key, []).count("ack") != 1
         }
         assert unexplained == {}, "posted more often than the attempt log explains"
-        assert set(attempts) == expected
+        assert {key for key in attempts if key[0] != PULL} == expected
         for path in ("ext", "indb"):
             outcomes = {kind: attempts[(f"{path}_{kind}", str(ids[kind]))] for kind in ids}
             assert outcomes["leased"][0] == "expired"  # its lease from before the upgrade
             assert outcomes["retrying"][0] == "retry"
             assert outcomes["dead"][0] == "dead"
             assert all(o[-1] == "ack" for o in outcomes.values()), outcomes
+        # A pull message is deleted once; handed over again only when its visibility
+        # ran out first, which a later read (a higher read count) shows.
+        reads: dict[str, list[int]] = defaultdict(list)
+        for message_id, read_ct in consumed.reads():
+            reads[message_id].append(read_ct)
+        assert {m: n for m, n in reads.items() if len(set(n)) != len(n)} == {}
+        assert {m for m in sent.pulled() if attempts[(PULL, m)] != ["ack"]} == set()
 
-        # Each group arrived in the order it was sent, on both paths.
-        first_posts: dict[tuple[str, str], list[str]] = defaultdict(list)
-        seen = set()
-        groups = {str(mid): group for mid, _, group in sent.snapshot() if group}
-        for r in server.requests:
-            key = (r.headers["pgmb-queue"], r.headers["pgmb-message-id"])
-            if key[1] in groups and key not in seen:
-                seen.add(key)
-                first_posts[(key[0], groups[key[1]])].append(key[1])
-        for (queue, group), arrived in first_posts.items():
-            kind = queue.split("_", 1)[1]
-            order = [
-                str(mid)
-                for mid, key, g in sent.snapshot()
-                if g == group and key.split(".")[0] == kind
-            ]
-            assert arrived == order, f"group {group} of {queue} out of order"
-        assert len(first_posts) == 2 * 4  # the fill's group and the publisher's three
+        _assert_groups_in_order(server, sent)
 
         # The same schema as a fresh install (the test database).
         conn.execute("DROP EXTENSION IF EXISTS http")
@@ -409,6 +457,30 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
             fresh = cursor.fetchall()
         assert conn.execute(FINGERPRINT).fetchall() == fresh
         print(f"transport {transport}; {cron.runs} loop runs; {len(posts)} deliveries posted")
+
+
+def _assert_groups_in_order(server: RecordingServer, sent: Sent) -> None:
+    """Each group's messages were first posted in the order they were sent, on both paths."""
+    first_posts: dict[tuple[str, str], list[str]] = defaultdict(list)
+    seen = set()
+    groups = {str(mid): group for mid, _, group in sent.snapshot() if group}
+    for r in server.requests:
+        key = (r.headers["pgmb-queue"], r.headers["pgmb-message-id"])
+        if key[1] in groups and key not in seen:
+            seen.add(key)
+            first_posts[(key[0], groups[key[1]])].append(key[1])
+    for (queue, group), arrived in first_posts.items():
+        kind = queue.split("_", 1)[1]
+        order = [
+            str(mid) for mid, key, g in sent.snapshot() if g == group and key.split(".")[0] == kind
+        ]
+        assert arrived == order, f"group {group} of {queue} out of order"
+    assert len(first_posts) == 2 * 4  # the fill's group and the publisher's three, both paths
+
+
+def _pulled_ids(sent: Sent, after: int) -> set[str]:
+    """The ids of the pull messages among the sends after the first ``after``."""
+    return {str(mid) for mid, key, _ in sent.snapshot()[after:] if key.startswith("pull.")}
 
 
 def _queue_args(queues: list[str]) -> list[str]:

@@ -25,6 +25,8 @@ class Migration(migrations.Migration):
             "pgmb_dead_letter",
             "pgmb_attempt",
             "pgmb_dispatcher",
+            "pgmb.endpoint_policy",
+            "pgmb.queue_grant",
         ),
         RunMigrationSQL("0002_release_0_1_1"),
         RunPlpythonSQL("0002_release_0_1_1_plpython", previous="0001_initial_plpython"),

@@ -82,11 +82,14 @@ _LOCK_NOT_AVAILABLE = "55P03"
 def lock_tables(
     connection: Any, tables: Sequence[str], wait_ms: int = 50, give_up_after: float = 120.0
 ) -> None:
-    """Take ACCESS EXCLUSIVE locks on ``tables`` in the transaction of ``connection`` (a
-    Django connection), all in one statement, waiting ``wait_ms`` at most for each lock; if
-    one cannot be had, let go of those taken (a savepoint rolls back) and try again after a
-    short random pause, for ``give_up_after`` seconds (then raise OperationalError)."""
-    names = ", ".join(connection.ops.quote_name(name) for name in tables)
+    """Take ACCESS EXCLUSIVE locks on ``tables`` (schema-qualified where not in the search
+    path) in the transaction of ``connection`` (a Django connection), all in one statement,
+    waiting ``wait_ms`` at most for each lock; if one cannot be had, let go of those taken
+    (a savepoint rolls back) and try again after a short random pause, for
+    ``give_up_after`` seconds (then raise OperationalError)."""
+    names = ", ".join(
+        ".".join(connection.ops.quote_name(part) for part in name.split(".")) for name in tables
+    )
     statement = f"LOCK TABLE {names} IN ACCESS EXCLUSIVE MODE"
     deadline = time.monotonic() + give_up_after
     with connection.cursor() as cursor:

@@ -3,11 +3,13 @@
 A database migrated by 0.1.0 itself (its wheel, built from the release commit:
 tests/migrations/released_code.py) and filled through the SQL API with ready, delayed,
 leased, retrying, dead-lettered, grouped and pull deliveries is migrated by this checkout
-while 0.1.0's ``pgmb_dispatch`` and the in-database loop (CALLed as pg_cron calls it)
-deliver to a real HTTP server and a publisher sends all along. Then this checkout's
-``pgmb_dispatch`` takes over. Every message arrives; none is posted twice but where its
-attempt log says a lease ran out or a request failed; groups arrive in order; neither
-dispatcher stalls or loops on errors; and the schema is a fresh install's.
+while 0.1.0's ``pgmb_dispatch`` and ``pgmb_consume`` and the in-database loop (CALLed as
+pg_cron calls it) deliver to a real HTTP server and a publisher sends all along. Then this
+checkout's ``pgmb_dispatch`` and ``pgmb_consume`` take over. Every message arrives; none is
+posted twice but where its attempt log says a lease ran out or a request failed; groups
+arrive in order; no process stalls or logs errors, no send fails (a deadlock with the
+migration would fail one); 0.1.0's functions, types and columns are as they were; and the
+schema is a fresh install's.
 """
 
 from __future__ import annotations

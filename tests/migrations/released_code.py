@@ -95,11 +95,11 @@ def release_commit(version: str) -> str:
     commit = RELEASE_COMMITS[version]
     found = _run("git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
     if found.returncode != 0:
+        said = f" (git: {found.stderr.strip()})" if found.stderr.strip() else ""
         pytest.fail(
-            f"pgmb {version}'s release commit {commit} is not in {ROOT} ({found.stderr.strip()}"
-            "): the upgrade tests build that release from this repository's history, so "
-            "they need a full clone (`git fetch --unshallow`), not a shallow one or an "
-            "exported tree",
+            f"pgmb {version}'s release commit {commit} is not in {ROOT}{said}: the upgrade "
+            "tests build that release from this repository's history, so they need a full "
+            "clone (`git fetch --unshallow`), not a shallow one or an exported tree",
             pytrace=False,
         )
     return found.stdout.strip()

@@ -176,9 +176,11 @@ def check_writable_schemas(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Error | Warning]:
     """Other roles may create in the tables' schema or in pgmb: pgmb's SECURITY DEFINER
-    functions refuse to run (a planted operator would run as their owner). A warning, not
-    an error: the Django side works without them, and migrate must go on (PostgreSQL 14
-    lets PUBLIC create in public by default)."""
+    functions refuse to run (a planted operator would run as their owner), and with them
+    every pgmb function, the owner's ``pgmb.create`` too. A state in which nothing works is
+    an error (docs/decisions/0061-a-writable-schema-is-an-error.md): ``check`` fails, and
+    ``migrate``'s report says it first. The first ``migrate`` goes on, as pgmb is not in
+    the database when its checks run; a later one stops here until the schema is closed."""
     alias = _database_alias(databases)
     if alias is None:
         return []
@@ -194,14 +196,14 @@ def check_writable_schemas(
         return []
     revoke = " ".join(f"REVOKE CREATE ON SCHEMA {schema} FROM {role};" for schema, role in writers)
     return [
-        Warning(
+        Error(
             "Roles other than pgmb's owner may create objects in "
             + ", ".join(f"schema {schema} ({role})" for schema, role in writers)
-            + ": pgmb's SECURITY DEFINER functions refuse to run (a planted operator "
-            "would run as their owner).",
+            + ": every pgmb function refuses to run, the owner's pgmb.create included (a "
+            "planted operator would run as the owner of pgmb's SECURITY DEFINER functions).",
             hint=f"As the schema's owner or a superuser, run: {revoke} "
             "See docs/security.md in pgmb's repository.",
-            id="pgmb.W006",
+            id="pgmb.E006",
         )
     ]
 
@@ -331,4 +333,5 @@ def database_warnings(alias: str) -> list[CheckMessage]:
     ):
         found += check(databases=[alias])
     silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", []))
-    return [m for m in found if m.id not in silenced]
+    # Errors first: what keeps everything from working comes before what is missing.
+    return sorted((m for m in found if m.id not in silenced), key=lambda m: -m.level)

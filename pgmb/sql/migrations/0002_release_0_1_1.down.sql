@@ -12,3 +12,6 @@
 
 -- ==== Installation and privileges ====
 
+-- PostgreSQL's default again: the owner's new routines are executable by PUBLIC.
+ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON ROUTINES TO PUBLIC;
+

@@ -15,3 +15,6 @@
 
 -- ==== Installation and privileges ====
 
+-- What the owner creates in schema pgmb later is not executable by PUBLIC (access.sql).
+ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON ROUTINES FROM PUBLIC;
+

@@ -316,6 +316,11 @@ SELECT pgmb.pin_definers(ARRAY[
 -- (ALTER DEFAULT PRIVILEGES IN SCHEMA cannot revoke what PUBLIC gets by default; this
 -- statement, run last by every migration that runs the schema, is what closes them.)
 REVOKE EXECUTE ON ALL ROUTINES IN SCHEMA pgmb FROM PUBLIC;
+-- What the owner creates in schema pgmb later (a function of its own, one of a later
+-- release before its migration's grants) is closed too: PUBLIC's EXECUTE on a new routine
+-- is a default of the whole database, which only this, for the owner's routines in every
+-- schema of this database, takes away (docs/decisions/0060-new-functions-are-closed.md).
+ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON ROUTINES FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     -- publishing (pgmb_producer): checks its caller
     pgmb.send(uuid, text, jsonb),

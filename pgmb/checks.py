@@ -83,16 +83,40 @@ def check_in_database_dispatch(
             if not cursor.fetchone()[0]:
                 return []  # not migrated yet: migrate reports that
             caps = indb.capabilities(cursor)
+            plpython = indb.plpython_transport_state(cursor)
     except Exception as exc:  # a check must report, not crash
         return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
     found = pg_cron_warnings(caps)
     if caps.transport is None:
+        refused = caps.plpython_installed and not caps.plpython_loadable
         found.append(
             Warning(
                 "No HTTP transport for the in-database dispatcher (neither the http extension "
-                "nor plpython3u).",
+                "nor pgmb's PL/Python transport"
+                + (
+                    f": plpython3u is here, but role {caps.role!r} may not create functions "
+                    "in it, an untrusted language)."
+                    if refused
+                    else ")."
+                ),
                 hint=indb.transport_statements(caps),
                 id="pgmb.W004",
+            )
+        )
+    if plpython == "outdated":
+        found.append(
+            Warning(
+                "pgmb's PL/Python transport here is another version's than this pgmb's"
+                + (
+                    "."
+                    if caps.plpython_loadable
+                    else f": role {caps.role!r} may not replace it (plpython3u is untrusted)."
+                ),
+                hint="Run 'manage.py pgmb_cron install'."
+                if caps.plpython_loadable
+                else f"A DBA (a superuser) runs in database {caps.database!r} "
+                f"{indb.LOAD_PLPYTHON}.",
+                id="pgmb.W007",
             )
         )
     return found

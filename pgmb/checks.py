@@ -314,6 +314,36 @@ def check_http_extension(
 
 
 @register(Tags.database)
+def check_public_routines(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """Routines of schema pgmb that every role may execute beyond the reviewed list (made
+    after migrating by a superuser, whose defaults give PUBLIC EXECUTE, or granted)."""
+    alias = _database_alias(databases)
+    if alias is None:
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT to_regnamespace('pgmb') IS NOT NULL")
+            if not cursor.fetchone()[0]:
+                return []  # not migrated yet: migrate reports that
+        public = access.unreviewed_public_routines(using=alias)
+    except Exception as exc:  # a check must report, not crash
+        return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
+    if not public:
+        return []
+    routines = ", ".join(public)
+    return [
+        Warning(
+            f"Every role may execute {routines} in schema pgmb: only the reviewed functions "
+            "of docs/security.md are meant to be.",
+            hint=f"As the functions' owner, run: REVOKE EXECUTE ON ROUTINE {routines} FROM PUBLIC;",
+            id="pgmb.W008",
+        )
+    ]
+
+
+@register(Tags.database)
 def check_in_database_endpoint_policy(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Warning]:
@@ -353,6 +383,7 @@ def database_warnings(alias: str) -> list[CheckMessage]:
         check_group_roles,
         check_writable_schemas,
         check_http_extension,
+        check_public_routines,
         check_in_database_endpoint_policy,
     ):
         found += check(databases=[alias])

@@ -4,7 +4,7 @@ Used by the migrations, ``manage.py pgmb_cron`` and the system checks. Each step
 optional: without plpython3u or pg_cron, or where this role may not load the PL/Python
 transport (only a superuser creates functions in an untrusted language), migrations still
 succeed, and ``manage.py check --database default`` (and ``migrate``) says what is missing
-and what a DBA runs (docs/decisions/0060-what-the-owner-may-not-install.md).
+and what a DBA runs (docs/decisions/0060-an-owner-that-is-not-a-superuser.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What a function the owner creates after migrating gets: no EXECUTE for PUBLIC, in schema
 pgmb and, as the price of closing pgmb, in the owner's other schemas of this database
-(docs/decisions/0060-new-functions-are-closed.md). Run as the database's owner that is not
-a superuser, and called by a role with no grant."""
+(docs/decisions/0060-an-owner-that-is-not-a-superuser.md). Run as the database's owner
+that is not a superuser, and called by a role with no grant. (A superuser's defaults are
+left alone, and the check pgmb.W008 names what it opens: tests/security/test_privileges.py.)"""
 
 from __future__ import annotations
 

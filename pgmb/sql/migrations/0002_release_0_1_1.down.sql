@@ -13,5 +13,10 @@
 -- ==== Installation and privileges ====
 
 -- PostgreSQL's default again: the owner's new routines are executable by PUBLIC.
-ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON ROUTINES TO PUBLIC;
+DO $$
+BEGIN
+    IF NOT current_setting('is_superuser')::boolean THEN
+        ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON ROUTINES TO PUBLIC;
+    END IF;
+END $$;
 

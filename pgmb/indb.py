@@ -100,8 +100,8 @@ def transport_statements(caps: Capabilities) -> str:
 #: What a superuser runs where the role migrating may not load the PL/Python transport.
 LOAD_PLPYTHON = (
     "'manage.py pgmb_cron install' connecting as itself (only a superuser creates "
-    "functions in an untrusted language: run by a role other than pgmb's owner, it loads "
-    "pgmb's PL/Python transport and schedules no job)"
+    "functions in an untrusted language: run by a superuser other than pgmb's owner, it "
+    "loads pgmb's PL/Python transport and schedules no job)"
 )
 
 

@@ -62,6 +62,8 @@ def test_the_owner_migrates_and_a_superuser_loads_the_transport(
     assert _hint(checked, "pgmb.W004") == hint
     if language != "absent":
         assert f"role '{owned.owner}' may not create functions in it" in checked
+    status = owned.manage("pgmb_cron", "status").stdout
+    assert f"PL/Python transport: not loaded (role {owned.owner} may not load it" in status
 
     # The DBA's first statement, then the owner's pgmb_cron install: not refused for the
     # language (pg_cron, which does not serve this database, is what it stops at).
@@ -81,6 +83,8 @@ def test_the_owner_migrates_and_a_superuser_loads_the_transport(
     assert _transport(owned) == "plpython3u"
     checked = _said(owned.manage("check", "--database", "default"))
     assert "pgmb.W004" not in checked and "pgmb.W007" not in checked
+    status = owned.manage("pgmb_cron", "status").stdout
+    assert "PL/Python transport: this version's\n" in status
 
     # The owner posts through it; a role with no grant may not.
     with owned.connect() as conn:

@@ -14,10 +14,10 @@ from pgmb.db.error_text import first_line
 class Command(BaseCommand):
     help = (
         "Manage the pg_cron jobs of the in-database dispatcher: install (load the PL/Python "
-        "transport where it is missing or older and this role may, then, as pgmb's owner, "
-        "schedule the jobs, creating the pg_cron extension here if it is preloaded for this "
-        "database), "
-        "uninstall, or status (pg_cron version, jobs, recent runs, HTTP transport)."
+        "transport where it is missing or older and this role may; then schedule the jobs, "
+        "but not as a superuser other than pgmb's owner, creating the pg_cron extension "
+        "here if it is preloaded for this database), uninstall, or status (pg_cron "
+        "version, jobs, recent runs, HTTP transport)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -65,11 +65,12 @@ class Command(BaseCommand):
 
     def install(self, cursor: Any, batch: int) -> None:
         caps = indb.capabilities(cursor)
-        if caps.pgmb_owner != caps.role:
-            # pg_cron runs a job as the role that scheduled it: pgmb's owner schedules them.
+        if caps.superuser and caps.pgmb_owner != caps.role:
+            # pg_cron runs a job as the role that scheduled it: not as a DBA's superuser.
             self.stdout.write(
-                f"scheduled no job: pg_cron runs a job as the role that scheduled it; "
-                f"as {caps.pgmb_owner}, pgmb's owner, run 'manage.py pgmb_cron install'"
+                "scheduled no job: pg_cron runs a job as the role that scheduled it, a "
+                f"superuser here; as {caps.pgmb_owner}, pgmb's owner, run 'manage.py "
+                "pgmb_cron install'"
             )
             return
         if caps.pg_cron_version is None:
@@ -129,6 +130,17 @@ class Command(BaseCommand):
         if caps.pg_cron_version is not None:
             write(f"schema cron usable by {caps.role}: {'yes' if caps.pg_cron_usable else 'no'}")
         write(f"HTTP transport: {caps.transport or 'none (install http or plpython3u)'}")
+        state = indb.plpython_transport_state(cursor)
+        plpython = {
+            "current": "this version's",
+            "outdated": "another version's",
+            "absent": "not loaded",
+        }[state]
+        if state != "current" and not caps.plpython_loadable and caps.plpython_available:
+            plpython += (
+                f" (role {caps.role} may not load it: a superuser runs {indb.LOAD_PLPYTHON})"
+            )
+        write(f"PL/Python transport: {plpython}")
         for problem in checks.pg_cron_warnings(caps):
             write(f"to do: {problem.hint}")
         if caps.pg_cron_version is None:

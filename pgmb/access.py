@@ -92,17 +92,20 @@ def public_extension_functions(extension: str, *, using: str = "default") -> lis
 
 
 def reviewed_public_routines() -> list[str]:
-    """The signatures that ``pgmb/sql/schema/access.sql`` grants to PUBLIC: the reviewed
-    list (docs/security.md), read from the one statement that grants them."""
-    source = sql.script("schema/access.sql")
-    grant = _PUBLIC_GRANT.search(_SQL_COMMENT.sub("", source))
-    if grant is None:
-        raise RuntimeError("pgmb/sql/schema/access.sql grants nothing to PUBLIC")
-    return _SIGNATURE.findall(grant.group(1))
+    """The signatures that ``pgmb/sql/schema/`` grants to PUBLIC (access.sql's list): the
+    reviewed list (docs/security.md), read from the statements that grant them."""
+    source = _SQL_COMMENT.sub("", sql.schema_source())
+    return [
+        signature
+        for grant in _PUBLIC_GRANT.findall(source)
+        for signature in _SIGNATURE.findall(grant)
+    ]
 
 
 _SQL_COMMENT = re.compile(r"--[^\n]*")
-_PUBLIC_GRANT = re.compile(r"GRANT EXECUTE ON FUNCTION(.*?)TO PUBLIC;", re.DOTALL)
+_PUBLIC_GRANT = re.compile(
+    r"GRANT EXECUTE ON (?:FUNCTION|ROUTINE|PROCEDURE)([^;]*?)TO PUBLIC;", re.IGNORECASE
+)
 _SIGNATURE = re.compile(r"pgmb\.\w+\([^)]*\)")
 
 

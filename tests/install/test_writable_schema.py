@@ -37,6 +37,11 @@ def test_nothing_works_so_check_fails_and_migrate_says_it_first(owned_database):
     assert "pgmb.E006" in checked.stderr
     with owned.connect() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute(CREATE_QUEUE)
+    # A later migrate stops at the error, as at any system check's, unless told not to
+    # check (docs/decisions/0061-a-writable-schema-is-an-error.md).
+    again = owned.manage("migrate", "--noinput", ok=False)
+    assert again.returncode == 1 and "pgmb.E006" in again.stderr
+    owned.manage("migrate", "--noinput", "--skip-checks")
 
     # The one-line fix, by the schema's owner (pg_database_owner on 15: the owner itself).
     with owned.connect() as conn:

@@ -10,6 +10,7 @@ See docs/access.md.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -86,6 +87,36 @@ def public_extension_functions(extension: str, *, using: str = "default") -> lis
     with _translated(), connections[using].cursor() as cursor:
         cursor.execute(
             sql.query("access.sql", "public_extension_functions"), {"extension": extension}
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def reviewed_public_routines() -> list[str]:
+    """The signatures that ``pgmb/sql/schema/`` grants to PUBLIC (access.sql's list): the
+    reviewed list (docs/security.md), read from the statements that grant them."""
+    source = _SQL_COMMENT.sub("", sql.schema_source())
+    return [
+        signature
+        for grant in _PUBLIC_GRANT.findall(source)
+        for signature in _SIGNATURE.findall(grant)
+    ]
+
+
+_SQL_COMMENT = re.compile(r"--[^\n]*")
+_PUBLIC_GRANT = re.compile(
+    r"GRANT EXECUTE ON (?:FUNCTION|ROUTINE|PROCEDURE)([^;]*?)TO PUBLIC;", re.IGNORECASE
+)
+_SIGNATURE = re.compile(r"pgmb\.\w+\([^)]*\)")
+
+
+def unreviewed_public_routines(*, using: str = "default") -> list[str]:
+    """The routines of schema ``pgmb`` that PUBLIC may execute beyond the reviewed list:
+    one created after migrating by a role whose defaults give PUBLIC ``EXECUTE`` (a
+    superuser's, docs/decisions/0060-an-owner-that-is-not-a-superuser.md), or granted."""
+    with _translated(), connections[using].cursor() as cursor:
+        cursor.execute(
+            sql.query("access.sql", "unreviewed_public_routines"),
+            {"reviewed": reviewed_public_routines()},
         )
         return [row[0] for row in cursor.fetchall()]
 

@@ -83,16 +83,40 @@ def check_in_database_dispatch(
             if not cursor.fetchone()[0]:
                 return []  # not migrated yet: migrate reports that
             caps = indb.capabilities(cursor)
+            plpython = indb.plpython_transport_state(cursor)
     except Exception as exc:  # a check must report, not crash
         return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
     found = pg_cron_warnings(caps)
     if caps.transport is None:
+        refused = caps.plpython_installed and not caps.plpython_loadable
         found.append(
             Warning(
                 "No HTTP transport for the in-database dispatcher (neither the http extension "
-                "nor plpython3u).",
+                "nor pgmb's PL/Python transport"
+                + (
+                    f": plpython3u is here, but role {caps.role!r} may not create functions "
+                    "in it, an untrusted language)."
+                    if refused
+                    else ")."
+                ),
                 hint=indb.transport_statements(caps),
                 id="pgmb.W004",
+            )
+        )
+    if plpython == "outdated":
+        found.append(
+            Warning(
+                "pgmb's PL/Python transport here is another version's than this pgmb's"
+                + (
+                    "."
+                    if caps.plpython_loadable
+                    else f": role {caps.role!r} may not replace it (plpython3u is untrusted)."
+                ),
+                hint="Run 'manage.py pgmb_cron install'."
+                if caps.plpython_loadable
+                else f"A DBA (a superuser) runs in database {caps.database!r} "
+                f"{indb.LOAD_PLPYTHON}.",
+                id="pgmb.W007",
             )
         )
     return found
@@ -176,9 +200,11 @@ def check_writable_schemas(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Error | Warning]:
     """Other roles may create in the tables' schema or in pgmb: pgmb's SECURITY DEFINER
-    functions refuse to run (a planted operator would run as their owner). A warning, not
-    an error: the Django side works without them, and migrate must go on (PostgreSQL 14
-    lets PUBLIC create in public by default)."""
+    functions refuse to run (a planted operator would run as their owner), and with them
+    every pgmb function, the owner's ``pgmb.create`` too. A state in which nothing works is
+    an error (docs/decisions/0061-a-writable-schema-is-an-error.md): ``check`` fails, and
+    ``migrate``'s report says it first. The first ``migrate`` goes on, as pgmb is not in
+    the database when its checks run; a later one stops here until the schema is closed."""
     alias = _database_alias(databases)
     if alias is None:
         return []
@@ -194,14 +220,14 @@ def check_writable_schemas(
         return []
     revoke = " ".join(f"REVOKE CREATE ON SCHEMA {schema} FROM {role};" for schema, role in writers)
     return [
-        Warning(
+        Error(
             "Roles other than pgmb's owner may create objects in "
             + ", ".join(f"schema {schema} ({role})" for schema, role in writers)
-            + ": pgmb's SECURITY DEFINER functions refuse to run (a planted operator "
-            "would run as their owner).",
+            + ": every pgmb function refuses to run, the owner's pgmb.create included (a "
+            "planted operator would run as the owner of pgmb's SECURITY DEFINER functions).",
             hint=f"As the schema's owner or a superuser, run: {revoke} "
             "See docs/security.md in pgmb's repository.",
-            id="pgmb.W006",
+            id="pgmb.E006",
         )
     ]
 
@@ -288,6 +314,36 @@ def check_http_extension(
 
 
 @register(Tags.database)
+def check_public_routines(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[Warning]:
+    """Routines of schema pgmb that every role may execute beyond the reviewed list (made
+    after migrating by a superuser, whose defaults give PUBLIC EXECUTE, or granted)."""
+    alias = _database_alias(databases)
+    if alias is None:
+        return []
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT to_regnamespace('pgmb') IS NOT NULL")
+            if not cursor.fetchone()[0]:
+                return []  # not migrated yet: migrate reports that
+        public = access.unreviewed_public_routines(using=alias)
+    except Exception as exc:  # a check must report, not crash
+        return [Warning(f"pgmb could not inspect database {alias!r}: {exc}", id="pgmb.W000")]
+    if not public:
+        return []
+    routines = ", ".join(public)
+    return [
+        Warning(
+            f"Every role may execute {routines} in schema pgmb: only the reviewed functions "
+            "of docs/security.md are meant to be.",
+            hint=f"As the functions' owner, run: REVOKE EXECUTE ON ROUTINE {routines} FROM PUBLIC;",
+            id="pgmb.W008",
+        )
+    ]
+
+
+@register(Tags.database)
 def check_in_database_endpoint_policy(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[Warning]:
@@ -327,8 +383,10 @@ def database_warnings(alias: str) -> list[CheckMessage]:
         check_group_roles,
         check_writable_schemas,
         check_http_extension,
+        check_public_routines,
         check_in_database_endpoint_policy,
     ):
         found += check(databases=[alias])
     silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", []))
-    return [m for m in found if m.id not in silenced]
+    # Errors first: what keeps everything from working comes before what is missing.
+    return sorted((m for m in found if m.id not in silenced), key=lambda m: -m.level)

@@ -1,15 +1,17 @@
 """The in-database dispatch path: which parts this database has, and installing them.
 
 Used by the migrations, ``manage.py pgmb_cron`` and the system checks. Each step is
-optional: without plpython3u or pg_cron, migrations still succeed, and
-``manage.py check --database default`` (and ``migrate``)
-says what is missing.
+optional: without plpython3u or pg_cron, or where this role may not load the PL/Python
+transport (only a superuser creates functions in an untrusted language), migrations still
+succeed, and ``manage.py check --database default`` (and ``migrate``) says what is missing
+and what a DBA runs (docs/decisions/0060-an-owner-that-is-not-a-superuser.md).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from django.db import DatabaseError
 
@@ -31,6 +33,8 @@ class Capabilities:
     http_available: bool  # the server has pgsql-http's files
     plpython_available: bool  # the language can be created (its files are installed)
     plpython_installed: bool
+    plpython_loadable: bool  # this role may load the PL/Python transport (a superuser)
+    pgmb_owner: str | None  # the owner of schema pgmb (None before it is made)
     transport: str | None  # what pgmb.post() uses: 'http', 'plpython3u' or None
     database: str
     role: str  # the role asking: the one a DBA grants to
@@ -69,10 +73,13 @@ def pg_cron_statements(caps: Capabilities) -> str:
 
 def transport_statements(caps: Capabilities) -> str:
     """What a DBA runs so that the in-database loop has an HTTP transport here."""
+    plpython = "CREATE EXTENSION IF NOT EXISTS plpython3u;"
+    if not caps.plpython_loadable:
+        plpython += f" then, as that superuser, {LOAD_PLPYTHON}"
     offers = [
         statement
         for statement, available in (
-            ("CREATE EXTENSION plpython3u; (PL/Python)", caps.plpython_available),
+            (f"{plpython} (PL/Python)", caps.plpython_available),
             ("CREATE EXTENSION http; (pgsql-http)", caps.http_available),
         )
         if available
@@ -84,25 +91,61 @@ def transport_statements(caps: Capabilities) -> str:
             "'manage.py pgmb_dispatch', which needs nothing but this role."
         )
     return (
-        f"A DBA (a superuser) runs in database {caps.database!r}: {' or '.join(offers)} "
-        "then 'manage.py pgmb_cron install'; or dispatch with 'manage.py pgmb_dispatch', "
-        "which needs nothing but this role."
+        f"A DBA (a superuser) runs in database {caps.database!r}: {' or '.join(offers)}. "
+        f"Then, as {caps.role}, run 'manage.py pgmb_cron install'; or dispatch with "
+        "'manage.py pgmb_dispatch', which needs nothing but this role."
     )
 
 
-def install_plpython_transport(cursor: Any, script: str | None = None) -> bool:
-    """Create plpython3u if it is available and allowed, then run the transport's SQL.
+#: What a superuser runs where the role migrating may not load the PL/Python transport.
+LOAD_PLPYTHON = (
+    "'manage.py pgmb_cron install' connecting as itself (only a superuser creates "
+    "functions in an untrusted language: run by a superuser other than pgmb's owner, it "
+    "loads pgmb's PL/Python transport and schedules no job)"
+)
 
+
+TransportState = Literal["absent", "current", "outdated"]
+
+
+def plpython_transport_state(cursor: Any) -> TransportState:
+    """Whether pgmb's PL/Python functions here are this version's (their bodies compared
+    with ``pgmb/sql/schema/plpython.sql``): a role that may not replace them leaves an
+    older version's in place when it migrates."""
+    cursor.execute(sql.query("indb.sql", "plpython_functions"))
+    here = dict(cursor.fetchall())
+    if not here:
+        return "absent"
+    return "current" if here == plpython_bodies() else "outdated"
+
+
+def plpython_bodies() -> dict[str, str]:
+    """{function name: body} of the functions ``pgmb/sql/schema/plpython.sql`` defines."""
+    return dict(_PLPYTHON_FUNCTION.findall(sql.schema_source(sql.PLPYTHON)))
+
+
+_PLPYTHON_FUNCTION = re.compile(
+    r"^CREATE OR REPLACE FUNCTION pgmb\.(\w+)\(.*?\$py\$(.*?)\$py\$", re.DOTALL | re.MULTILINE
+)
+
+
+def install_plpython_transport(cursor: Any, script: str | None = None) -> bool:
+    """Create plpython3u if it is available, then run the transport's SQL, where this role
+    may (a superuser); say whether the transport was loaded.
+
+    Elsewhere (a managed service's owner role) this does nothing: the system checks say
+    what a superuser runs, and ``manage.py pgmb_cron install`` run by one loads it then.
     ``script`` is the migration's frozen copy when a migration installs it; by default it is
-    the current source (``pgmb/sql/schema/plpython.sql``), which ``pgmb_cron install`` runs
-    where plpython3u was missing when the database was migrated.
+    the current source (``pgmb/sql/schema/plpython.sql``).
     """
     caps = capabilities(cursor)
+    if not caps.plpython_loadable:
+        return False
     if not caps.plpython_installed and caps.plpython_available:
         cursor.execute("SAVEPOINT pgmb_plpython")
         try:
             cursor.execute(sql.query("indb.sql", "create_plpython"))
-        except DatabaseError:  # not a superuser: the system check explains what to do
+        except DatabaseError:  # refused all the same: the system check explains what to do
             cursor.execute("ROLLBACK TO SAVEPOINT pgmb_plpython")
         else:
             cursor.execute("RELEASE SAVEPOINT pgmb_plpython")

@@ -1,14 +1,17 @@
 """What ``migrate`` says once it has built or upgraded pgmb's schema: the findings of the
-database checks (what this database lacks for the in-database dispatcher and the group
-roles, each with the statements a DBA runs). The checks ``migrate`` runs before migrating
-find nothing on a database pgmb is not in yet, so without this a new database's owner
-would learn of them only from a later ``manage.py check --database``.
+database checks, each with the statements a DBA runs. Errors come first (what keeps every
+pgmb function from working, such as a schema other roles may create in), then what the
+database lacks for the in-database dispatcher and the group roles. The checks ``migrate``
+runs before migrating find nothing on a database pgmb is not in yet, so without this a new
+database's owner would learn of them only from a later ``manage.py check --database``.
 """
 
 from __future__ import annotations
 
 import sys
 from typing import Any
+
+from django.core.checks import CheckMessage
 
 from . import conf
 from .checks import database_warnings
@@ -29,15 +32,26 @@ def report(
         return
     if not any(m.app_label == "pgmb" and not backwards for m, backwards in plan or []):
         return
-    found = database_warnings(using)
-    if not found:
-        return
+    found = database_warnings(using)  # errors first
     out = stdout or sys.stdout
-    out.write(
-        f"pgmb: database {using!r} lacks what follows "
-        f"('manage.py check --database {using}' says it again):"
-    )
-    for message in found:
+    errors = [m for m in found if m.is_serious()]
+    warnings = [m for m in found if not m.is_serious()]
+    if errors:
+        out.write(
+            f"pgmb: nothing of pgmb works in database {using!r} until this is fixed "
+            f"('manage.py check --database {using}' fails until then):"
+        )
+        _write(out, errors)
+    if warnings:
+        out.write(
+            f"pgmb: database {using!r} lacks what follows "
+            f"('manage.py check --database {using}' says it again):"
+        )
+        _write(out, warnings)
+
+
+def _write(out: Any, messages: list[CheckMessage]) -> None:
+    for message in messages:
         out.write(f"  {message.id}: {message.msg}")
         if message.hint:
             out.write(f"\tHINT: {message.hint}")

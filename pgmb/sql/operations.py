@@ -33,12 +33,15 @@ class RunMigrationSQL(migrations.RunSQL):
 
 
 class RunPlpythonSQL(migrations.RunPython):
-    """Run ``migrations/<name>.sql`` if PL/Python can be had in this database.
+    """Run ``migrations/<name>.sql`` if PL/Python can be had in this database and the role
+    migrating may create functions in it (a superuser: plpython3u is untrusted).
 
-    The file defines functions in ``LANGUAGE plpython3u``: without the language, migrating
-    still succeeds and the system checks say what the in-database path lacks. Migrating
-    back runs ``<name>.down.sql`` where the language is installed, if there is one, or else
-    ``previous``, the previous release's copy of the transport, which replaces the
+    The file defines functions in ``LANGUAGE plpython3u``: without the language, or as an
+    owner role that is not a superuser (a managed service's), migrating still succeeds, and
+    ``migrate``'s report and the system checks say what the in-database path lacks and what
+    a superuser runs (``manage.py pgmb_cron install``) to load it. Migrating back runs,
+    where the language is installed and the role may, ``<name>.down.sql`` if there is one,
+    or else ``previous``, the previous release's copy of the transport, which replaces the
     functions this one made; with neither, the reverse of the migration that created
     schema ``pgmb`` drops the functions with the schema.
     """
@@ -64,7 +67,8 @@ class RunPlpythonSQL(migrations.RunPython):
         else:
             return
         with schema_editor.connection.cursor() as cursor:
-            if indb.capabilities(cursor).plpython_installed:
+            caps = indb.capabilities(cursor)
+            if caps.plpython_installed and caps.plpython_loadable:
                 cursor.execute(script)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:

@@ -40,7 +40,8 @@ def superuser() -> Iterator[psycopg.Connection]:
 
 @dataclass
 class OwnedDatabase:
-    """A new database and its owner role; ``manage`` runs manage.py as that role there."""
+    """A new database and its owner role; ``manage`` runs manage.py as that role there
+    (or as another, such as the cluster's superuser acting as the DBA)."""
 
     name: str
     owner: str
@@ -52,10 +53,13 @@ class OwnedDatabase:
     def as_superuser(self) -> psycopg.Connection:
         return psycopg.connect(**conninfo(self.name), autocommit=True)
 
-    def manage(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    def manage(
+        self, *args: str, ok: bool = True, user: str | None = None
+    ) -> subprocess.CompletedProcess:
+        """manage.py ARGS, connecting as the owner (or as ``user``: a DBA's own role)."""
         env = {
             **os.environ,
-            "PGUSER": self.owner,
+            "PGUSER": user or self.owner,
             "PGMB_DB_NAME": self.name,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
         }

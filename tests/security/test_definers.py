@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from django.core.checks import ERROR
 
 from pgmb import access, checks
 
@@ -145,7 +146,7 @@ def test_no_definer_runs_a_planted_operator_as_its_owner(owner, login_role, grou
 
 def test_a_writable_schema_fails_the_check_and_install_access(owner, writable_public):
     [error] = checks.check_writable_schemas(databases=["default"])
-    assert error.id == "pgmb.W006"
+    assert (error.id, error.level) == ("pgmb.E006", ERROR)
     assert "schema public (PUBLIC)" in error.msg
     assert "REVOKE CREATE ON SCHEMA public FROM PUBLIC;" in error.hint
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="pgmb refuses to act"):

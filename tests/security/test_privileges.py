@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.core.checks import Warning as CheckWarning
 
-from pgmb import checks
+from pgmb import access, checks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -141,3 +141,31 @@ def test_check_warns_while_the_http_extensions_functions_are_public(owner):
         assert [w for w in checks.check_http_extension(databases=["default"])] == []
     finally:
         owner.execute("DROP EXTENSION IF EXISTS http")
+
+
+def test_the_reviewed_list_the_check_reads_is_the_one_granted(owner):
+    """pgmb.W008 reads the reviewed list from access.sql's GRANT: the list tested above."""
+    signatures = access.reviewed_public_routines()
+    normalized = [
+        owner.execute("SELECT %s::regprocedure::text", (s,)).fetchone()[0] for s in signatures
+    ]
+    assert sorted(normalized) == sorted(REVIEWED_PUBLIC)
+    assert checks.check_public_routines(databases=["default"]) == []
+
+
+def test_check_names_a_function_a_superuser_made_open_to_public(owner, login_role):
+    """The test database is migrated by a superuser, whose defaults are left as PostgreSQL
+    has them: a function it creates in pgmb later is PUBLIC's, and the check says so."""
+    owner.execute("CREATE FUNCTION pgmb.made_later() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    try:
+        _, conn = login_role()
+        assert conn.execute("SELECT pgmb.made_later()").fetchone() == (1,)
+        [found] = checks.check_public_routines(databases=["default"])
+        assert (found.id, isinstance(found, CheckWarning)) == ("pgmb.W008", True)
+        assert "pgmb.made_later()" in found.msg
+        owner.execute(found.hint.split("run: ", 1)[1])
+        assert checks.check_public_routines(databases=["default"]) == []
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="made_later"):
+            conn.execute("SELECT pgmb.made_later()")
+    finally:
+        owner.execute("DROP FUNCTION pgmb.made_later()")

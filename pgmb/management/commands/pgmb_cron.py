@@ -13,9 +13,11 @@ from pgmb.db.error_text import first_line
 
 class Command(BaseCommand):
     help = (
-        "Manage the pg_cron jobs of the in-database dispatcher: install (schedule them, "
-        "creating the pg_cron extension here if it is preloaded for this database), "
-        "uninstall, or status (pg_cron version, jobs, recent runs, HTTP transport)."
+        "Manage the pg_cron jobs of the in-database dispatcher: install (load the PL/Python "
+        "transport where it is missing or older and this role may; then schedule the jobs, "
+        "but not as a superuser other than pgmb's owner, creating the pg_cron extension "
+        "here if it is preloaded for this database), uninstall, or status (pg_cron "
+        "version, jobs, recent runs, HTTP transport)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -25,20 +27,52 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, action: str, batch: int, **options: Any) -> None:
+        steps = (
+            (self.load_transport, self.install) if action == "install" else (getattr(self, action),)
+        )
+        for step in steps:  # each its own transaction: what one did stays if the next fails
+            self.run(step, batch)
+
+    def run(self, step: Any, batch: int) -> None:
         alias = conf.get().DATABASE
         try:
             with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-                getattr(self, action)(cursor, batch)
+                step(cursor, batch)
         except DatabaseError as exc:
             cause = exc.__cause__ or exc
             hint = getattr(getattr(cause, "diag", None), "message_hint", None)
             raise CommandError(first_line(cause) + (f" ({hint})" if hint else "")) from exc
 
-    def install(self, cursor: Any, batch: int) -> None:
+    def load_transport(self, cursor: Any, batch: int) -> None:
+        """Store the endpoint policy, and load (or bring up to date) the PL/Python transport
+        where the database has no transport or an older one: a superuser's to do, as
+        plpython3u is untrusted; a role that may not is told what a DBA runs."""
         indb.write_endpoint_policy(cursor)
         caps = indb.capabilities(cursor)
-        if caps.transport is None:
-            indb.install_plpython_transport(cursor)
+        plpython = indb.plpython_transport_state(cursor)
+        if caps.transport is not None and plpython != "outdated":
+            return
+        if indb.install_plpython_transport(cursor):
+            self.stdout.write("loaded the PL/Python transport")
+        elif plpython == "outdated":
+            self.stderr.write(
+                f"warning: pgmb's PL/Python transport here is another version's, and role "
+                f"{caps.role} may not replace it. A DBA (a superuser) runs in database "
+                f"{caps.database!r} {indb.LOAD_PLPYTHON}."
+            )
+        elif caps.plpython_installed or caps.plpython_available:
+            self.stderr.write(f"warning: no HTTP transport here. {indb.transport_statements(caps)}")
+
+    def install(self, cursor: Any, batch: int) -> None:
+        caps = indb.capabilities(cursor)
+        if caps.superuser and caps.pgmb_owner != caps.role:
+            # pg_cron runs a job as the role that scheduled it: not as a DBA's superuser.
+            self.stdout.write(
+                "scheduled no job: pg_cron runs a job as the role that scheduled it, a "
+                f"superuser here; as {caps.pgmb_owner}, pgmb's owner, run 'manage.py "
+                "pgmb_cron install'"
+            )
+            return
         if caps.pg_cron_version is None:
             self.create_pg_cron(cursor, caps)
             caps = indb.capabilities(cursor)
@@ -96,6 +130,17 @@ class Command(BaseCommand):
         if caps.pg_cron_version is not None:
             write(f"schema cron usable by {caps.role}: {'yes' if caps.pg_cron_usable else 'no'}")
         write(f"HTTP transport: {caps.transport or 'none (install http or plpython3u)'}")
+        state = indb.plpython_transport_state(cursor)
+        plpython = {
+            "current": "this version's",
+            "outdated": "another version's",
+            "absent": "not loaded",
+        }[state]
+        if state != "current" and not caps.plpython_loadable and caps.plpython_available:
+            plpython += (
+                f" (role {caps.role} may not load it: a superuser runs {indb.LOAD_PLPYTHON})"
+            )
+        write(f"PL/Python transport: {plpython}")
         for problem in checks.pg_cron_warnings(caps):
             write(f"to do: {problem.hint}")
         if caps.pg_cron_version is None:

@@ -12,3 +12,11 @@
 
 -- ==== Installation and privileges ====
 
+-- PostgreSQL's default again: the owner's new routines are executable by PUBLIC.
+DO $$
+BEGIN
+    IF NOT current_setting('is_superuser')::boolean THEN
+        ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON ROUTINES TO PUBLIC;
+    END IF;
+END $$;
+

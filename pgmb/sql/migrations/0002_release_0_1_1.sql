@@ -15,3 +15,12 @@
 
 -- ==== Installation and privileges ====
 
+-- What the owner creates in schema pgmb later is not executable by PUBLIC, where the owner
+-- is not a superuser (access.sql).
+DO $$
+BEGIN
+    IF NOT current_setting('is_superuser')::boolean THEN
+        ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON ROUTINES FROM PUBLIC;
+    END IF;
+END $$;
+

@@ -30,6 +30,14 @@ JOIN pg_proc p ON p.oid = d.objid,
 WHERE e.extname = %(extension)s AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'
 ORDER BY 1
 
+-- name: unreviewed_public_routines
+-- The routines of schema pgmb that PUBLIC may execute besides the reviewed list.
+SELECT p.oid::regprocedure::text
+FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+WHERE p.pronamespace = 'pgmb'::regnamespace AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'
+  AND NOT EXISTS (SELECT 1 FROM unnest(%(reviewed)s::text[]) r WHERE to_regprocedure(r) = p.oid)
+ORDER BY 1
+
 -- name: group_roles
 SELECT g.role_name::text, g.present, g.applied, g.grantable, quote_ident(current_user) AS owner
 FROM pgmb.group_roles() g

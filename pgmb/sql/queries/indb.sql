@@ -20,6 +20,17 @@ SELECT CASE WHEN settings_readable
        EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'http') AS http_available,
        EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u') AS plpython_available,
        EXISTS (SELECT 1 FROM pg_language WHERE lanname = 'plpython3u') AS plpython_installed,
+       -- Whether this role may load the PL/Python transport: functions in an untrusted
+       -- language are a superuser's to create (creating the language too), and a trusted
+       -- one's are replaced only by their owner.
+       current_setting('is_superuser')::boolean
+       OR (coalesce((SELECT l.lanpltrusted AND has_language_privilege(l.oid, 'USAGE')
+                     FROM pg_language l WHERE l.lanname = 'plpython3u'), false)
+           AND NOT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+                           WHERE l.lanname = 'plpython3u' AND p.pronamespace = to_regnamespace('pgmb')
+                             AND NOT pg_has_role(p.proowner, 'USAGE'))) AS plpython_loadable,
+       -- pgmb's owner: pg_cron runs a job as the role that scheduled it, this one.
+       (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'pgmb') AS pgmb_owner,
        pgmb.http_transport() AS transport,
        current_database() AS database,
        current_user AS role,
@@ -28,6 +39,11 @@ SELECT CASE WHEN settings_readable
        settings_readable
 FROM (SELECT pg_has_role('pg_read_all_settings', 'USAGE') AS settings_readable,
              (SELECT extversion FROM pg_extension WHERE extname = 'pg_cron') AS pg_cron_version) AS known
+
+-- name: plpython_functions
+-- The bodies of pgmb's functions in plpython3u, to compare with this version's.
+SELECT p.proname, p.prosrc FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+WHERE l.lanname = 'plpython3u' AND p.pronamespace = to_regnamespace('pgmb')
 
 -- name: create_plpython
 CREATE EXTENSION IF NOT EXISTS plpython3u

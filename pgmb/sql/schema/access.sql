@@ -316,6 +316,19 @@ SELECT pgmb.pin_definers(ARRAY[
 -- (ALTER DEFAULT PRIVILEGES IN SCHEMA cannot revoke what PUBLIC gets by default; this
 -- statement, run last by every migration that runs the schema, is what closes them.)
 REVOKE EXECUTE ON ALL ROUTINES IN SCHEMA pgmb FROM PUBLIC;
+-- What the owner creates in schema pgmb later (a function of its own, one of a later
+-- release before its migration's grants) is closed too: PUBLIC's EXECUTE on a new routine
+-- is a default of the whole database, which only this, for the owner's routines in every
+-- schema of this database, takes away. Not for a superuser: it would close the functions
+-- of every extension the superuser creates here later (pg_cron's cron.schedule among
+-- them); there the check pgmb.W008 names what PUBLIC may execute beyond the list above
+-- (docs/decisions/0060-an-owner-that-is-not-a-superuser.md).
+DO $$
+BEGIN
+    IF NOT current_setting('is_superuser')::boolean THEN
+        ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON ROUTINES FROM PUBLIC;
+    END IF;
+END $$;
 GRANT EXECUTE ON FUNCTION
     -- publishing (pgmb_producer): checks its caller
     pgmb.send(uuid, text, jsonb),

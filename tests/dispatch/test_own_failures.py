@@ -13,7 +13,6 @@ import pgmb
 from pgmb.dispatch.client import OWN_FAILURE
 from pgmb.models import Attempt, DeadLetter, Delivery, Worker
 from tests.faults import _store_with_triggers_off
-from tests.roles import login_role, owner  # noqa: F401 (fixtures)
 
 SEND = "SELECT pgmb.send(%s, %s, %s::jsonb)"
 

@@ -19,7 +19,6 @@ from pgmb.dispatch import http1
 from pgmb.dispatch.client import OWN_FAILURE
 from pgmb.models import Attempt, DeadLetter, Delivery, Worker
 from tests.faults import _store_with_triggers_off
-from tests.roles import login_role, owner  # noqa: F401 (fixtures)
 from tests.waiting import wait_until
 
 plpython_only = pytest.mark.parametrize("transport", ["plpython3u"], indirect=True)
@@ -52,8 +51,10 @@ def test_a_producers_unicode_routing_keys_reach_the_worker_and_never_open_its_br
         sent[str(message_id)] = key
 
     dispatch_until(
-        lambda: not Delivery.objects.exists()
-        or Worker.objects.get(pk=worker.pk).breaker_state != "closed",
+        lambda: (
+            not Delivery.objects.exists()
+            or Worker.objects.get(pk=worker.pk).breaker_state != "closed"
+        ),
         "every message delivered (or the breaker open)",
     )
 
@@ -149,8 +150,9 @@ def test_two_loops_post_nothing_that_could_outlast_its_lease(
     recording_server.wait_for(4)
     second = start_loop(seconds=120)
     wait_until(
-        lambda: Attempt.objects.filter(outcome="ack").count() == 6
-        and not recording_server.in_flight,
+        lambda: (
+            Attempt.objects.filter(outcome="ack").count() == 6 and not recording_server.in_flight
+        ),
         message="6 acknowledgements",
     )
     first.stop(pg)
@@ -214,9 +216,7 @@ def test_plpython_name_resolution_ends_by_the_deadline(
 
 
 @plpython_only
-def test_plpython_sends_the_urls_credentials_as_pgmb_dispatch_does(
-    transport, pg, recording_server
-):
+def test_plpython_sends_the_urls_credentials_as_pgmb_dispatch_does(transport, pg, recording_server):
     url = recording_server.url("/hook").replace("http://", "http://al%C3%AFce:p%40ss:w@")
 
     assert _post(pg, url, 5)[0] == 200

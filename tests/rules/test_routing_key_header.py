@@ -58,9 +58,7 @@ FAILURES = [
 
 
 @pytest.mark.parametrize(("status", "error", "own"), FAILURES)
-def test_the_breaker_knows_a_failure_of_pgmbs_own_by_what_the_dispatchers_write(
-    status, error, own
-):
+def test_the_breaker_knows_a_failure_of_pgmbs_own_by_what_the_dispatchers_write(status, error, own):
     with connection.cursor() as cursor:
         cursor.execute("SELECT pgmb.own_failure(%s, %s)", [status, error])
         ((in_sql,),) = cursor.fetchall()

@@ -176,13 +176,15 @@ def test_two_loops_post_nothing_that_could_outlast_its_lease(
 
 @pytest.fixture
 def slow_name_in_the_backend(pg):
-    """In this backend, resolving slow.pgmb.test takes 20 s, then answers 127.0.0.1."""
+    """In this backend, resolving slow.pgmb.test takes 20 s, then answers 127.0.0.1 (and
+    GD["pgmb_test_resolved"] says it has)."""
     pg.execute("""DO $$
 import socket, time
 real = socket.getaddrinfo
 def getaddrinfo(host, port, *args, **kwargs):
     if host == "slow.pgmb.test":
         time.sleep(20)
+        GD["pgmb_test_resolved"] = True
         host = "127.0.0.1"
     return real(host, port, *args, **kwargs)
 GD["pgmb_test_real_getaddrinfo"] = real
@@ -208,7 +210,13 @@ def test_plpython_name_resolution_ends_by_the_deadline(
     transport, pg, recording_server, slow_name_in_the_backend
 ):
     status, error = _post(pg, f"http://slow.pgmb.test:{recording_server.port}/hook", 0.5)
+    pg.execute("""DO $$
+resolved = bool(GD.get("pgmb_test_resolved"))
+plpy.execute("SELECT set_config('pgmb_test.resolved', '%s', false)" % resolved)
+$$ LANGUAGE plpython3u""")
 
+    # The request ended while the name was still being resolved, not after.
+    assert pg.execute("SELECT current_setting('pgmb_test.resolved')").fetchone()[0] == "False"
     assert (status, error) == (None, "timeout after 0.5s")
     assert recording_server.requests == []
     # The transport goes on: the next request resolves and is answered.

@@ -215,6 +215,8 @@ DECLARE
     built_headers jsonb;
     -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
     marked integer;
+    -- Seconds since the claim began.
+    waited float8;
     transport text;
     runs boolean;
     started timestamptz;
@@ -358,11 +360,12 @@ BEGIN
             -- later one is handed back unattempted, with the outcomes kept so far, so that no
             -- other dispatcher posts it while this one does. A start mark refused (0: the
             -- lease is no longer this claim's, reclaimed after it ran out) is not posted either.
+            -- In seconds, not intervals: a timeout or lease stored before the rules may be
+            -- past what an interval holds.
+            waited := extract(epoch FROM clock_timestamp() - claimed_at);
             IF marked = 0
-               OR (clock_timestamp() + c.timeout * interval '1 second'
-                       >= claimed_at + c.lease_seconds * interval '1 second'
-                   AND (c.lease_seconds > c.timeout
-                        OR clock_timestamp() - claimed_at > c.lease_seconds / 4 * interval '1 second')) THEN
+               OR (waited + c.timeout >= c.lease_seconds
+                   AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
                 PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
                 done_ids := '{}';
                 done_leases := '{}';

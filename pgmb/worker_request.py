@@ -30,6 +30,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 #: Headers a message may not set (publish refuses them, delivery drops them from rows stored
 #: before the rule): HTTP's framing and encoding, what a receiver or a proxy in front of it
@@ -70,6 +71,24 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 #: Header values are sent only if they are printable ASCII (no CR/LF injection, no
 #: encoding guesswork); the same rule as pgmb.request_headers() in SQL.
 _PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
+
+
+#: What the ``pgmb-routing-key`` header keeps as it is of a routing key: printable ASCII but
+#: ``%``. A routing key may hold any Unicode letter (AMQP's keys are UTF-8); every other
+#: character is sent as the percent-encoded bytes of its UTF-8 (RFC 3986, section 2.1,
+#: upper-case hex), so the header is ASCII on every path and a worker gets the key back with
+#: any URL-unquote (``urllib.parse.unquote``, ``decodeURIComponent``): ``c.zoé`` is sent as
+#: ``c.zo%C3%A9``, ``100%`` as ``100%25``. The same rule as ``pgmb.routing_key_header()`` in
+#: SQL (tests/rules/test_routing_key_header.py runs one table of cases through both).
+ROUTING_KEY_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if c != 0x25)
+_KEPT_AS_IS = re.compile(r"[\x21-\x24\x26-\x7e]*")
+
+
+def routing_key_header(routing_key: str) -> str:
+    """The value of the ``pgmb-routing-key`` header of ``routing_key`` (see above)."""
+    if _KEPT_AS_IS.fullmatch(routing_key):  # most keys: no copy, no encoding
+        return routing_key
+    return quote(routing_key, safe=ROUTING_KEY_HEADER_SAFE)
 
 
 #: A ``whsec_`` secret; the group is the base64 data. The same regex text as in SQL.
@@ -158,7 +177,7 @@ def build_headers(
         {
             "Content-Type": "application/json",
             "pgmb-message-id": message_id,
-            "pgmb-routing-key": routing_key,
+            "pgmb-routing-key": routing_key_header(routing_key),
             "pgmb-queue": queue,
             "pgmb-attempt": str(attempt),
         }

@@ -27,6 +27,19 @@ class Outcome:
     retry_after: float | None = None
 
 
+#: How the error of a failure of pgmb's own begins: the request could not be built or encoded,
+#: or the endpoint policy refused its address, so the endpoint was asked nothing. Such a
+#: failure is the delivery's attempt (retried, then dead-lettered, with this reason) but never
+#: the endpoint's: ``pgmb.own_failure()`` in SQL, which the circuit breaker asks, knows it by
+#: this very text and a missing status (docs/delivery.md, Failures of pgmb's own).
+OWN_FAILURE = "pgmb's own failure: "
+
+
+def own_failure(duration_ms: float, reason: str) -> Outcome:
+    """The outcome of a failure of pgmb's own (see :data:`OWN_FAILURE`)."""
+    return Outcome(False, None, duration_ms, OWN_FAILURE + reason)
+
+
 #: The Retry-After rule, the very regex text of ``pgmb.retry_after_seconds()`` in SQL: blanks
 #: (space, tab) around either delta-seconds (ASCII digits only) or an HTTP-date in
 #: IMF-fixdate form (``Sun, 06 Nov 1994 08:49:37 GMT``; hours 00-23, minutes and seconds
@@ -100,9 +113,11 @@ async def post(
             url, body, {**headers, "User-Agent": USER_AGENT}, timeout, body_limit
         )
     except ValueError as exc:  # a URL or a header that cannot be sent: nothing was sent
-        return Outcome(False, None, elapsed(), f"could not send the request: {exc}")
+        return own_failure(elapsed(), f"could not send the request: {exc}")
     except asyncio.TimeoutError:
         return Outcome(False, None, elapsed(), f"timeout after {timeout:g}s")
+    except http1.Refused as exc:  # the endpoint policy: the endpoint was not asked
+        return own_failure(elapsed(), f"connection failed: {exc}")
     except http1.ConnectError as exc:
         return Outcome(False, None, elapsed(), f"connection failed: {exc}")
     except http1.NoResponse:

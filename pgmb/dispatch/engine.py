@@ -35,7 +35,7 @@ from ..db.statements import Call
 from ..deliveries import Claimed, Failure, Success
 from ..housekeeping import Thresholds
 from ..worker_request import build_headers
-from .client import Outcome, new_session, post
+from .client import Outcome, new_session, own_failure, post
 from .housekeeper import Housekeeper
 from .outcome_writer import OutcomeWriter
 from .pacing import UNPACED_RPS, Pacer
@@ -396,9 +396,7 @@ class Dispatcher:
         except Exception as exc:
             # Whatever one delivery does wrong (a secret that cannot be decoded, a bug) is
             # that delivery's failed attempt, never a dead task holding its lease.
-            outcome = Outcome(
-                False,
-                None,
+            outcome = own_failure(
                 (time.perf_counter() - started) * 1000,
                 f"could not send the request: {type(exc).__name__}: {exc}",
             )

@@ -83,6 +83,10 @@ class ConnectError(HttpError):
     """No connection could be made (name lookup, refusal, TLS handshake or certificate)."""
 
 
+class Refused(ConnectError):
+    """The endpoint policy refused every address of the endpoint: nothing was sent."""
+
+
 class NoResponse(HttpError):
     """The connection ended before any byte of an answer."""
 
@@ -490,7 +494,7 @@ class Client:
         except asyncio.TimeoutError:  # an OSError too since Python 3.11: the worker's timeout
             raise
         except endpoint_policy.EndpointRefused as exc:
-            raise ConnectError(str(exc)) from exc
+            raise Refused(str(exc)) from exc
         except OSError as exc:  # refusals, name lookups, TLS (ssl.SSLError is an OSError)
             if exc.errno and exc.errno > 0 and not isinstance(exc, ssl.SSLError):
                 reason = os.strerror(exc.errno)

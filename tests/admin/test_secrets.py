@@ -283,8 +283,12 @@ def test_a_failing_endpoint_s_credentials_reach_no_log_error_or_page(
     errors = sorted(Attempt.objects.values_list("error", flat=True))
     assert errors[0].startswith("connection failed: ")
     masked = f"http://***:***@{'é' * 64}.example/in"
-    assert errors[1].startswith(f"could not send the request: invalid host name in '{masked}': ")
-    assert errors[2] == "could not send the request: no host given: 'http://***:***@/in'"
+    assert errors[1].startswith(
+        f"pgmb's own failure: could not send the request: invalid host name in '{masked}': "
+    )
+    assert errors[2] == (
+        "pgmb's own failure: could not send the request: no host given: 'http://***:***@/in'"
+    )
     assert sorted(DeadLetter.objects.values_list("last_error", flat=True)) == errors
     logged = caplog.text
     assert "dead-lettered" in logged and "http://***:***@" in logged

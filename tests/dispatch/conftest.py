@@ -11,6 +11,7 @@ from django.db import connections
 
 from pgmb.db.conninfo import conninfo_from_django
 from pgmb.dispatch.engine import Dispatcher, Options, Stats
+from tests.roles import login_role, owner  # noqa: F401 (fixtures)
 
 
 @pytest.fixture

@@ -202,10 +202,12 @@ def test_headers_that_would_break_the_request_are_refused_and_nothing_is_sent(se
         handled = server.handled
     assert injected == (
         None,
-        "could not send the request: a header name or value holds a line break or a NUL",
+        "pgmb's own failure: could not send the request: "
+        "a header name or value holds a line break or a NUL",
         None,
     )
-    assert accented[0] is None and accented[1].startswith("could not send the request: ")
+    assert accented[0] is None
+    assert accented[1].startswith("pgmb's own failure: could not send the request: ")
     assert fine == (200, "", None)
     assert [json.loads(h.body) for h in handled] == [3]
 

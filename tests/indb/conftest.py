@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from pgmb.db.conninfo import conninfo_from_django
+from tests.roles import login_role, owner  # noqa: F401 (fixtures)
 from tests.waiting import wait_until
 
 TRANSPORTS = ["http", "plpython3u"]

@@ -54,8 +54,8 @@ def test_link_local_is_refused_by_default_before_connecting(loop, settings):
     loop.run_until_complete(session.close())
     assert status is None
     assert error == (
-        "connection failed: 169.254.169.254 resolves to 169.254.169.254, which "
-        "PGMB['ENDPOINT_POLICY'] refuses"
+        "pgmb's own failure: connection failed: 169.254.169.254 resolves to 169.254.169.254, "
+        "which PGMB['ENDPOINT_POLICY'] refuses"
     )
 
 
@@ -93,8 +93,8 @@ def test_an_answer_that_changes_is_checked_at_each_connect(loop, settings, pair)
 
     assert status is None
     assert error == (
-        "connection failed: rebind.pgmb.test resolves to 127.0.0.2, which "
-        "PGMB['ENDPOINT_POLICY'] refuses"
+        "pgmb's own failure: connection failed: rebind.pgmb.test resolves to 127.0.0.2, "
+        "which PGMB['ENDPOINT_POLICY'] refuses"
     )
     assert len(allowed.requests) == 1 and denied.requests == []
 
@@ -234,8 +234,8 @@ def test_plpython_refuses_link_local_by_default_before_connecting(plpython):
     status, error = plpython("http://169.254.169.254/latest/meta-data/")
     assert status is None
     assert error == (
-        "connection failed: 169.254.169.254 resolves to 169.254.169.254, which the endpoint "
-        "policy (pgmb.endpoint_policy) refuses"
+        "pgmb's own failure: connection failed: 169.254.169.254 resolves to 169.254.169.254, "
+        "which the endpoint policy (pgmb.endpoint_policy) refuses"
     )
 
 
@@ -282,8 +282,8 @@ def test_plpython_checks_the_answer_of_each_connect(sql, plpython, pair, backend
 
     assert status is None
     assert error == (
-        "connection failed: rebind.pgmb.test resolves to 127.0.0.2, which the endpoint "
-        "policy (pgmb.endpoint_policy) refuses"
+        "pgmb's own failure: connection failed: rebind.pgmb.test resolves to 127.0.0.2, "
+        "which the endpoint policy (pgmb.endpoint_policy) refuses"
     )
     assert len(allowed.requests) == 1 and denied.requests == []
 

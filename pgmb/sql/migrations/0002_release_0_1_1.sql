@@ -6,6 +6,517 @@
 
 -- ==== Delivery: routing keys, leases of the in-database loop ====
 
+-- Issue 26, items 1 and 2: a routing key is carried percent-encoded in pgmb-routing-key
+-- (docs/decisions/0051); a failure of pgmb's own never counts toward a circuit breaker;
+-- the in-database loop posts a row only if its request can end within its lease
+-- (docs/decisions/0052). Signatures unchanged; two new functions, closed to PUBLIC.
+
+CREATE OR REPLACE FUNCTION pgmb.own_failure(status integer, error text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT status IS NULL AND starts_with(coalesce(error, ''), 'pgmb''s own failure: ')
+$$;
+
+CREATE OR REPLACE FUNCTION pgmb.breaker_settle(delivery_ids bigint[], lease_ids uuid[], statuses integer[],
+                                    errors text[], acked boolean) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- The outcomes of workers with a breaker, by worker (in id order), then as given.
+    o_workers uuid[];
+    o_leases uuid[];
+    o_statuses integer[];
+    o_errors text[];
+    w pgmb_worker;
+    was text;
+    t timestamptz;
+    failed boolean;
+    weight float8;
+    requests float8;
+    failures float8;
+    moved integer := 0;
+BEGIN
+    -- No worker has a breaker: nothing read, nothing written (the index is empty).
+    IF NOT EXISTS (SELECT 1 FROM pgmb_worker wk WHERE wk.breaker_failures > 0 OR wk.breaker_rate IS NOT NULL) THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(l.worker_id ORDER BY l.worker_id, l.n), array_agg(l.lease_id ORDER BY l.worker_id, l.n),
+           array_agg(l.status ORDER BY l.worker_id, l.n), array_agg(l.error ORDER BY l.worker_id, l.n)
+    INTO o_workers, o_leases, o_statuses, o_errors
+    FROM (SELECT u.n, q.worker_id, d.lease_id, u.status, u.error
+          FROM unnest(delivery_ids, lease_ids, statuses, errors) WITH ORDINALITY AS u(id, lease_id, status, error, n)
+          JOIN pgmb_delivery d ON d.id = u.id AND d.state = 'leased' AND (acked OR d.lease_id = u.lease_id)
+          JOIN pgmb_queue q ON q.id = d.queue_id
+          JOIN pgmb_worker wk ON wk.id = q.worker_id
+          WHERE wk.breaker_failures > 0 OR wk.breaker_rate IS NOT NULL
+          ORDER BY d.id
+          FOR UPDATE OF d) AS l;
+    FOR i IN 1 .. coalesce(cardinality(o_workers), 0) LOOP
+        IF i = 1 OR o_workers[i] <> o_workers[i - 1] THEN
+            SELECT * INTO w FROM pgmb_worker wk WHERE wk.id = o_workers[i] FOR UPDATE;
+            was := w.breaker_state;
+        END IF;
+        t := clock_timestamp();
+        failed := NOT acked AND pgmb.breaker_counts(o_statuses[i]);
+        -- Open: what was out when it opened settles without a say (the probe decides).
+        IF NOT acked AND pgmb.own_failure(o_statuses[i], o_errors[i]) THEN
+            -- pgmb's own failure: not the endpoint's, not a request. A probe's: the next
+            -- claim sends another.
+            IF w.breaker_state = 'half_open' AND o_leases[i] = w.breaker_probe THEN
+                w.breaker_probe := NULL;
+                w.breaker_until := t;
+            END IF;
+        ELSIF w.breaker_state = 'half_open' THEN
+            -- Only the probe decides; requests that were out before it opened do not.
+            IF o_leases[i] = w.breaker_probe THEN
+                w.breaker_trips := CASE WHEN failed THEN w.breaker_trips + 1 ELSE 0 END;
+                IF failed THEN
+                    w.breaker_state := 'open';
+                    w.breaker_until := t + pgmb.breaker_cooldown(w.breaker_cooldown, w.breaker_cooldown_max,
+                                                                  w.breaker_trips) * interval '1 second';
+                    w.breaker_reason := format('the probe failed (%s); next probe in %s s',
+                                               pgmb.breaker_describe(o_statuses[i], o_errors[i]),
+                                               round(extract(epoch FROM w.breaker_until - t)::numeric, 1));
+                ELSE
+                    w.breaker_state := 'closed';
+                    w.breaker_until := NULL;
+                    w.breaker_reason := format('the probe succeeded (%s)',
+                                               pgmb.breaker_describe(o_statuses[i], o_errors[i]));
+                END IF;
+                w.breaker_since := t;
+                w.breaker_probe := NULL;
+                w.breaker_streak := CASE WHEN failed THEN w.breaker_streak + 1 ELSE 0 END;
+                w.breaker_window_at := NULL;
+                w.breaker_requests := 0;
+                w.breaker_failed := 0;
+                w.breaker_prev_requests := 0;
+                w.breaker_prev_failed := 0;
+            END IF;
+        ELSIF w.breaker_state = 'closed' THEN
+            -- Counted in two buckets of the window, the previous one weighed by how much of
+            -- it the window still covers.
+            IF w.breaker_window_at IS NULL
+               OR t >= w.breaker_window_at + 2 * w.breaker_window * interval '1 second' THEN
+                w.breaker_window_at := t;
+                w.breaker_prev_requests := 0;
+                w.breaker_prev_failed := 0;
+                w.breaker_requests := 0;
+                w.breaker_failed := 0;
+            ELSIF t >= w.breaker_window_at + w.breaker_window * interval '1 second' THEN
+                w.breaker_window_at := w.breaker_window_at + w.breaker_window * interval '1 second';
+                w.breaker_prev_requests := w.breaker_requests;
+                w.breaker_prev_failed := w.breaker_failed;
+                w.breaker_requests := 0;
+                w.breaker_failed := 0;
+            END IF;
+            w.breaker_requests := w.breaker_requests + 1;
+            w.breaker_failed := w.breaker_failed + failed::integer;
+            w.breaker_streak := CASE WHEN failed THEN w.breaker_streak + 1 ELSE 0 END;
+            weight := greatest(0, 1 - extract(epoch FROM t - w.breaker_window_at) / w.breaker_window);
+            requests := w.breaker_requests + w.breaker_prev_requests * weight;
+            failures := w.breaker_failed + w.breaker_prev_failed * weight;
+            IF failed AND w.breaker_failures > 0 AND w.breaker_streak >= w.breaker_failures THEN
+                w.breaker_state := 'open';
+                w.breaker_reason := format('%s failures in a row (last: %s)', w.breaker_streak,
+                                           pgmb.breaker_describe(o_statuses[i], o_errors[i]));
+            ELSIF failed AND w.breaker_rate IS NOT NULL AND requests >= w.breaker_min_requests
+                  AND failures >= w.breaker_rate * requests THEN
+                w.breaker_state := 'open';
+                w.breaker_reason := format('%s%% of the requests of the last %s s failed (%s of %s; last: %s)',
+                                           round((100 * failures / requests)::numeric), w.breaker_window,
+                                           round(failures::numeric), round(requests::numeric),
+                                           pgmb.breaker_describe(o_statuses[i], o_errors[i]));
+            END IF;
+            IF w.breaker_state = 'open' THEN
+                w.breaker_trips := w.breaker_trips + 1;
+                w.breaker_since := t;
+                w.breaker_until := t + pgmb.breaker_cooldown(w.breaker_cooldown, w.breaker_cooldown_max,
+                                                              w.breaker_trips) * interval '1 second';
+            END IF;
+        END IF;
+        IF i = cardinality(o_workers) OR o_workers[i + 1] <> o_workers[i] THEN
+            UPDATE pgmb_worker wk
+            SET breaker_state = w.breaker_state, breaker_since = w.breaker_since,
+                breaker_until = w.breaker_until, breaker_reason = w.breaker_reason,
+                breaker_streak = w.breaker_streak, breaker_trips = w.breaker_trips,
+                breaker_probe = w.breaker_probe, breaker_window_at = w.breaker_window_at,
+                breaker_requests = w.breaker_requests, breaker_failed = w.breaker_failed,
+                breaker_prev_requests = w.breaker_prev_requests, breaker_prev_failed = w.breaker_prev_failed
+            WHERE wk.id = w.id;
+            IF w.breaker_state <> was THEN
+                PERFORM pgmb.breaker_announce(w.name, w.breaker_state, w.breaker_reason);
+                moved := moved + 1;
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN moved;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.routing_key_header(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE WHEN routing_key ~ '^[\x21-\x24\x26-\x7e]*$' THEN routing_key
+                ELSE (SELECT string_agg(CASE WHEN ch ~ '^[\x21-\x24\x26-\x7e]$' THEN ch
+                                             ELSE upper(regexp_replace(encode(convert_to(ch, 'UTF8'), 'hex'),
+                                                                       '(..)', '%\1', 'g')) END,
+                                        '' ORDER BY n)
+                      FROM regexp_split_to_table(routing_key, '') WITH ORDINALITY AS t(ch, n)) END
+$$;
+
+CREATE OR REPLACE FUNCTION pgmb.run_headers(requests pgmb.claimed[], unix_time bigint)
+RETURNS jsonb[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    built jsonb[];
+BEGIN
+    SELECT array_agg(
+               coalesce((
+                   SELECT jsonb_object_agg(e.key, v.value)
+                   FROM jsonb_each(coalesce(c.headers, '{}')) AS e
+                   CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(e.value) = 'string'
+                                                   THEN e.value #>> '{}' ELSE e.value::text END AS value) AS v
+                   WHERE NOT pgmb.reserved_header(e.key)
+                     AND e.key ~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]{1,128}$'
+                     AND v.value ~ '^[\x20-\x7e]*$'), '{}')
+            || jsonb_build_object(
+                   'Content-Type', 'application/json',
+                   'pgmb-message-id', c.message_id::text,
+                   'pgmb-routing-key', pgmb.routing_key_header(c.routing_key),
+                   'pgmb-queue', c.queue,
+                   'pgmb-attempt', c.attempt::text)
+            -- One "v1,<signature>" per secret, space-separated, in the order given (current
+            -- first): a receiver holding any of them verifies (rotation).
+            || CASE WHEN coalesce(cardinality(c.secrets), 0) = 0 THEN '{}'::jsonb ELSE jsonb_build_object(
+                   'webhook-id', c.message_id::text,
+                   'webhook-timestamp', unix_time::text,
+                   'webhook-signature', (
+                       SELECT string_agg('v1,' || encode(pgmb.hmac_sha256(
+                                  pgmb.secret_key(s.secret),
+                                  convert_to(c.message_id::text || '.' || unix_time || '.' || c.body, 'UTF8')), 'base64'),
+                              ' ' ORDER BY s.n)
+                       FROM unnest(c.secrets) WITH ORDINALITY AS s(secret, n)))
+               END
+            ORDER BY c.ordinality)
+    INTO built
+    FROM unnest(requests) WITH ORDINALITY AS c;
+    RETURN built;
+END $$;
+
+CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT 50,
+                                    queue_names text[] DEFAULT NULL, as_job boolean DEFAULT false)
+LANGUAGE plpgsql AS $$
+DECLARE
+    commit_every integer;
+    commit_ms float8;
+    deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
+    next_reclaim timestamptz := clock_timestamp();
+    claimed pgmb.claimed[];
+    -- When the claim began: its leases run out lease_seconds after (or a little later).
+    claimed_at timestamptz;
+    c pgmb.claimed;
+    outcome pgmb.http_outcome;
+    built_headers jsonb;
+    -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
+    marked integer;
+    -- Seconds since the claim began.
+    waited float8;
+    transport text;
+    runs boolean;
+    started timestamptz;
+    next_post jsonb := '{}';
+    wait float8;
+    i integer;
+    -- The run starting at row i: rows i .. run_end, their requests, their outcomes.
+    run_end integer;
+    run_max integer;
+    run_urls text[];
+    run_bodies text[];
+    run_headers jsonb[];
+    run_timeouts float8[];
+    run_ids bigint[];
+    run_leases uuid[];
+    -- The last moment (seconds since the epoch) a request of the run may begin and still
+    -- end within its lease.
+    run_lease_end float8;
+    run_ok integer;
+    paced boolean;
+    run_outcomes pgmb.http_outcome[];
+    run_first float8;
+    run_last_ms float8;
+    posted integer;
+    -- The outcomes not yet recorded, since when, and how long the last request took (the
+    -- guess for the next one).
+    done_ids bigint[] := '{}';
+    done_leases uuid[] := '{}';
+    done_outcomes pgmb.http_outcome[] := '{}';
+    pending_since timestamptz;
+    last_post_ms float8 := 0;
+    me bigint;
+    next_beat timestamptz := clock_timestamp() + interval '5 seconds';
+    delivered bigint := 0;
+    failed bigint := 0;
+BEGIN
+    -- Read first: a bad setting stops the loop before it writes anything.
+    SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
+    IF pgmb.http_transport() IS NULL THEN
+        PERFORM pgmb.no_transport();
+    END IF;
+    -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
+    BEGIN
+        me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
+                                    pg_backend_pid(), queue_names);
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not register the dispatcher: %', SQLERRM;
+    END;
+    WHILE clock_timestamp() < deadline LOOP
+        EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
+        IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
+            BEGIN
+                PERFORM pgmb.dispatcher_beat(me, 0, delivered, failed);
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
+            END;
+            next_beat := clock_timestamp() + interval '5 seconds';
+        END IF;
+        IF clock_timestamp() >= next_reclaim THEN
+            BEGIN
+                PERFORM pgmb.reclaim_expired();
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+            END;
+            next_reclaim := clock_timestamp() + interval '5 seconds';
+        END IF;
+        BEGIN
+            claimed_at := clock_timestamp();
+            SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
+        EXCEPTION WHEN others THEN
+            -- Nothing claimed: wait as when nothing is due, then try again.
+            RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
+            claimed := NULL;
+        END;
+        IF claimed IS NULL THEN
+            -- Nothing waits for a sleep: the outcomes kept so far are committed first.
+            PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+            done_ids := '{}';
+            done_leases := '{}';
+            done_outcomes := '{}';
+            COMMIT;
+            wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
+                          extract(epoch FROM deadline - clock_timestamp()));
+            COMMIT;
+            PERFORM pg_sleep(greatest(wait, 0.005));
+            CONTINUE;
+        END IF;
+        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
+        -- Runs need pgmb.post_run_via_plpython, which a database given PL/Python by hand may
+        -- lack: then one request at a time.
+        transport := pgmb.http_transport();
+        runs := transport = 'plpython3u'
+                AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
+                                    'float8, float8, float8, float8)') IS NOT NULL;
+        -- Whether a run must look for paced rows that end it (most claims have none).
+        SELECT coalesce(bool_or(x.rps < 1000), false) INTO paced FROM unnest(claimed) AS x;
+        i := 1;
+        WHILE i <= cardinality(claimed) LOOP
+            c := claimed[i];
+            IF clock_timestamp() >= deadline THEN
+                -- Out of time: hand back what was not posted, unattempted.
+                PERFORM pgmb.release(ARRAY(SELECT x.delivery_id FROM unnest(claimed[i:]) AS x),
+                                     ARRAY(SELECT x.lease_id FROM unnest(claimed[i:]) AS x));
+                EXIT;
+            END IF;
+            -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
+            wait := 0;
+            IF c.rps < 1000 AND next_post ? c.worker_id::text THEN
+                wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
+            END IF;
+            -- A COMMIT before this request: the claim's (the first of a claim), before and
+            -- after a pacing wait (nothing waits for a sleep), or the batch's, once it is
+            -- full or its oldest outcome would wait too long. This request's start mark
+            -- goes with it.
+            marked := NULL;
+            IF i = 1 OR wait > 0
+               OR cardinality(done_ids) >= commit_every
+               OR (cardinality(done_ids) > 0
+                   AND extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms >= commit_ms) THEN
+                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+                done_ids := '{}';
+                done_leases := '{}';
+                done_outcomes := '{}';
+                IF wait > 0 THEN
+                    COMMIT;
+                    PERFORM pg_sleep(wait);
+                END IF;
+                -- A failed mark does not hold the request back: its expiry would then be
+                -- forgiven (up to twice), as after a crash within a batch.
+                BEGIN
+                    marked := pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
+                END;
+                COMMIT;
+            END IF;
+            -- A request ends within its lease (docs/decisions/0040-a-request-ends-within-its-lease.md):
+            -- posted only if it can end before its lease runs out, reckoned from before the
+            -- claim, as pgmb_dispatch does (where a lease stored before that rule is not
+            -- longer than the timeout, a request that waited under a quarter of it goes). A
+            -- later one is handed back unattempted, with the outcomes kept so far, so that no
+            -- other dispatcher posts it while this one does. A start mark refused (0: the
+            -- lease is no longer this claim's, reclaimed after it ran out) is not posted either.
+            -- In seconds, not intervals: a timeout or lease stored before the rules may be
+            -- past what an interval holds.
+            waited := extract(epoch FROM clock_timestamp() - claimed_at);
+            IF marked = 0
+               OR (waited + c.timeout >= c.lease_seconds
+                   AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
+                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+                done_ids := '{}';
+                done_leases := '{}';
+                done_outcomes := '{}';
+                IF marked IS DISTINCT FROM 0 THEN
+                    PERFORM pgmb.release(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                END IF;
+                COMMIT;
+                i := i + 1;
+                CONTINUE;
+            END IF;
+            run_end := NULL;
+            IF runs AND c.rps >= 1000 THEN
+                -- The run: this row and the unpaced rows after it, as many as the batch has
+                -- room for (pgmb.post_run_via_plpython stops earlier at the batch's other
+                -- bounds).
+                run_end := i - 1 + least(cardinality(claimed) - i + 1, commit_every - cardinality(done_ids));
+                IF paced THEN
+                    SELECT coalesce(min(k) - 1, run_end) INTO run_end
+                    FROM generate_series(i + 1, run_end) AS k
+                    WHERE (claimed[k]).rps < 1000;
+                END IF;
+                -- The headers of the whole run in one statement. Should one row's fail (a
+                -- secret stored before the rules refused it, say), the rows before it make
+                -- the run, and it goes the one-request way, which records its fault.
+                BEGIN
+                    run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                EXCEPTION WHEN others THEN
+                    run_max := run_end;
+                    run_end := i - 1;
+                    WHILE run_end < run_max LOOP
+                        BEGIN
+                            PERFORM pgmb.request_headers(claimed[run_end + 1], extract(epoch FROM now())::bigint);
+                        EXCEPTION WHEN others THEN
+                            EXIT;
+                        END;
+                        run_end := run_end + 1;
+                    END LOOP;
+                    IF run_end >= i THEN
+                        run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                    ELSE
+                        run_end := NULL;
+                    END IF;
+                END;
+                IF run_end IS NOT NULL THEN
+                    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
+                           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+                           array_agg(x.lease_id ORDER BY x.ordinality),
+                           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
+                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases, run_lease_end
+                    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
+                END IF;
+            END IF;
+            IF c.rps < 1000 THEN
+                next_post := next_post || jsonb_build_object(c.worker_id::text,
+                                                             extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+            END IF;
+            started := clock_timestamp();
+            IF run_end IS NOT NULL THEN
+                BEGIN
+                    SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
+                           min(r.finished), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+                           count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+                    INTO run_outcomes, run_first, run_last_ms, posted, run_ok
+                    FROM pgmb.post_run_via_plpython(
+                             run_urls, run_bodies, run_headers, run_timeouts,
+                             commit_every - cardinality(done_ids), commit_ms,
+                             CASE WHEN cardinality(done_ids) > 0
+                                  THEN extract(epoch FROM clock_timestamp() - pending_since) * 1000 END,
+                             last_post_ms,
+                             -- No window begins past the loop's end, nor once a request of the
+                             -- run could outlast its lease (the rest come back here, one by one).
+                             least(extract(epoch FROM deadline)::float8, run_lease_end))
+                         WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
+                EXCEPTION WHEN others THEN
+                    -- Not a request's fault (those are outcomes): the call's. Recorded against
+                    -- the run's first row; the rest go on in the next run.
+                    run_outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
+                                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
+                    run_first := extract(epoch FROM clock_timestamp());
+                    run_last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                    posted := 1;
+                    run_ok := 0;
+                END;
+                last_post_ms := run_last_ms;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := to_timestamp(run_first);
+                END IF;
+                done_ids := done_ids || run_ids[1:posted];
+                done_leases := done_leases || run_leases[1:posted];
+                done_outcomes := done_outcomes || run_outcomes;
+                delivered := delivered + run_ok;
+                failed := failed + posted - run_ok;
+                i := i + posted;
+            ELSE
+                -- A request that cannot be built, or a call that fails rather than give an
+                -- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the
+                -- delivery's attempt, never the endpoint's.
+                built_headers := NULL;
+                BEGIN
+                    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
+                    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
+                    -- cannot even be planned where PL/Python is missing.
+                    IF transport = 'plpython3u' THEN
+                        outcome := pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
+                    ELSE
+                        outcome := pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
+                    END IF;
+                EXCEPTION WHEN others THEN
+                    outcome := ROW(NULL, 'pgmb''s own failure: '
+                                         || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
+                                                 ELSE 'could not send the request: ' END || SQLERRM, NULL,
+                                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+                END;
+                last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := clock_timestamp();
+                END IF;
+                done_ids := done_ids || c.delivery_id;
+                done_leases := done_leases || c.lease_id;
+                done_outcomes := done_outcomes || outcome;
+                IF outcome.status BETWEEN 200 AND 299 THEN
+                    delivered := delivered + 1;
+                ELSE
+                    failed := failed + 1;
+                END IF;
+                i := i + 1;
+            END IF;
+            IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
+                BEGIN
+                    PERFORM pgmb.dispatcher_beat(me, cardinality(claimed) - i + 1, delivered, failed);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
+                END;
+                next_beat := clock_timestamp() + interval '5 seconds';
+            END IF;
+        END LOOP;
+    END LOOP;
+    -- The last outcomes, committed with the CALL.
+    PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+    IF me IS NOT NULL THEN
+        BEGIN
+            PERFORM pgmb.dispatcher_stop(me, delivered, failed);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
+        END;
+    END IF;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION pgmb.own_failure(integer, text), pgmb.routing_key_header(text) FROM PUBLIC;
+
 
 -- ==== Publishing: times, dedup scope, dependencies, reserved headers, limits ====
 

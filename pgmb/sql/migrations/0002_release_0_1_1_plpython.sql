@@ -21,7 +21,15 @@
 -- one: a server that sends an answer a byte at a time cannot hold the backend past it. A connection is made only to
 -- an address the database's endpoint policy allows (pgmb.endpoint_refused, checked after
 -- name resolution, on the address connected to), so an answer that changes after a check
--- cannot reach a refused address.
+-- cannot reach a refused address. Name resolution ends by the deadline too: a name is
+-- resolved in a thread of the transport's (a few at most, kept for the session), which the
+-- request stops waiting for at its deadline, so a resolver that does not answer costs the
+-- request its timeout, not the resolver's own retries.
+--
+-- A URL's user and password are sent as Basic credentials, as pgmb_dispatch sends them.
+-- What the transport cannot build or encode, and an address the policy refuses, is a failure
+-- of pgmb's own (its error begins "pgmb's own failure: ", pgmb.own_failure): never the
+-- endpoint's (breakers.sql).
 --
 -- Defines the transport's code once per session, in PL/Python's GD under keys that carry
 -- its version (a session that crosses an upgrade closes the connections it kept under an
@@ -31,13 +39,17 @@
 CREATE OR REPLACE FUNCTION pgmb.load_plpython_transport()
 RETURNS void
 LANGUAGE plpython3u AS $py$
+import base64
+import concurrent.futures
 import http.client
+import ipaddress
 import json
 import select
+import signal
 import socket
 import ssl
 import time
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 # A response body is read to its end so that its connection can carry the next request; past
 # this many bytes closing the connection costs less than reading on.
@@ -49,11 +61,49 @@ KEPT = 64
 # the request went out. RemoteDisconnected is a ConnectionResetError.
 STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
+# Names resolved at once, at most: a lookup that outlives its request's deadline holds its
+# thread until the resolver gives up; later lookups wait for a free one, by their deadline.
+RESOLVERS = 4
+# How the error of a failure of pgmb's own begins (pgmb.dispatch.client.OWN_FAILURE).
+OWN_FAILURE = "pgmb's own failure: "
+
 # GD lives as long as the backend, and one backend runs one loop: no locking.
 pool = GD.setdefault("pgmb_connections_v1", {})
 
 class Refused(OSError):
     """The endpoint's name resolves to no address the endpoint policy allows."""
+
+class Unbuildable(Exception):
+    """The request could not be built or encoded: nothing was sent."""
+
+def resolvers():
+    """The session's resolver threads. They are started with every signal blocked, so that
+    the signals PostgreSQL sends the backend reach its own thread only."""
+    executor = GD.get("pgmb_resolvers_v2")
+    if executor is None:
+        executor = GD["pgmb_resolvers_v2"] = concurrent.futures.ThreadPoolExecutor(
+            RESOLVERS, thread_name_prefix="pgmb-resolve")
+    return executor
+
+def resolve(host, port, deadline):
+    """socket.getaddrinfo of host, by deadline. An address literal is read at once."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        pass
+    else:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    executor = resolvers()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        lookup = executor.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    try:
+        return lookup.result(timeout=left(deadline))
+    except concurrent.futures.TimeoutError:
+        lookup.cancel()
+        raise TimeoutError("timed out") from None
 
 def left(deadline):
     """Seconds left until deadline (time.monotonic()); TimeoutError when none."""
@@ -136,7 +186,7 @@ def connector(deadline):
     and connects to those only, by deadline."""
     def create_connection(address, timeout=None, source_address=None, *args):
         host, port = address
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = resolve(host, port, deadline)
         kept = [info for info in infos if not refused(info[4][0])]
         if infos and not kept:
             raise Refused("%s resolves to %s, which the endpoint policy (pgmb.endpoint_policy) refuses"
@@ -187,7 +237,10 @@ def keep(key, conn):
 
 def failure(exc, timeout, started):
     if isinstance(exc, Refused):
-        return (None, "connection failed: %s" % exc, None, (time.perf_counter() - started) * 1000)
+        return (None, OWN_FAILURE + "connection failed: %s" % exc, None, (time.perf_counter() - started) * 1000)
+    if isinstance(exc, Unbuildable):
+        return (None, OWN_FAILURE + "could not build the request: %s" % exc, None,
+                (time.perf_counter() - started) * 1000)
     if isinstance(exc, TimeoutError) or "timed out" in str(exc):
         return (None, "timeout after %gs" % timeout, None, (time.perf_counter() - started) * 1000)
     return (None, "%s: %s" % (type(exc).__name__, exc), None, (time.perf_counter() - started) * 1000)
@@ -212,15 +265,21 @@ def send(url, body, headers, timeout):
             raise ValueError("no host given: %r" % masked(url))
         port = parts.port or (443 if scheme == "https" else 80)
         target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
-        sent = json.loads(headers)
-        names = {name.lower() for name in sent}
+        given = json.loads(headers)
+        names = {name.lower() for name in given}
         if "content-type" not in names:
-            sent["Content-Type"] = "application/json"
+            given["Content-Type"] = "application/json"
         if "user-agent" not in names:
-            sent["User-Agent"] = "pgmb-dispatcher"
+            given["User-Agent"] = "pgmb-dispatcher"
+        if parts.username is not None:
+            credentials = "%s:%s" % (unquote(parts.username), unquote(parts.password or ""))
+            given["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        # As bytes: http.client would encode text as Latin-1. pgmb's headers are ASCII
+        # (pgmb.run_headers), so anything else is a request pgmb could not build.
+        sent = {str(name).encode("ascii"): str(value).encode("ascii") for name, value in given.items()}
         data = body.encode()
     except Exception as exc:
-        return failure(exc, timeout, started)
+        return failure(Unbuildable("%s: %s" % (type(exc).__name__, exc)), timeout, started)
     request = {"key": (scheme, host, port), "target": target, "headers": sent, "data": data,
                "timeout": timeout, "started": started, "conn": take((scheme, host, port)),
                "deadline": time.monotonic() + timeout}
@@ -323,9 +382,9 @@ def post(url, body, headers, timeout):
 # Versioned names (bump the suffix in the release whose migration changes this code): a
 # later version of these functions stores its own, so a session that crosses an upgrade
 # never runs the code of the one before.
-GD["pgmb_post_v1"] = post
-GD["pgmb_send_v1"] = send
-GD["pgmb_receive_v1"] = receive
+GD["pgmb_post_v2"] = post
+GD["pgmb_send_v2"] = send
+GD["pgmb_receive_v2"] = receive
 $py$;
 
 -- One POST through PL/Python, where the http extension is missing but plpython3u is present:
@@ -334,10 +393,10 @@ $py$;
 CREATE OR REPLACE FUNCTION pgmb.post_via_plpython(url text, body text, headers jsonb, timeout float8)
 RETURNS pgmb.http_outcome
 LANGUAGE plpython3u AS $py$
-post = GD.get("pgmb_post_v1")
+post = GD.get("pgmb_post_v2")
 if post is None:
     plpy.execute("SELECT pgmb.load_plpython_transport()")
-    post = GD["pgmb_post_v1"]
+    post = GD["pgmb_post_v2"]
 return post(url, body, headers, timeout)
 $py$;
 
@@ -369,11 +428,11 @@ import time
 # as many requests a second as 1, and 16 no more than 8 (docs/benchmarks.md).
 WINDOW = 8
 
-send = GD.get("pgmb_send_v1")
+send = GD.get("pgmb_send_v2")
 if send is None:
     plpy.execute("SELECT pgmb.load_plpython_transport()")
-    send = GD["pgmb_send_v1"]
-receive = GD["pgmb_receive_v1"]
+    send = GD["pgmb_send_v2"]
+receive = GD["pgmb_receive_v2"]
 
 # Python code never looks at the backend's interrupts: a cancel or a terminate that came
 # during a window would let the run post on. Before each next window the run reads the
@@ -416,14 +475,16 @@ while k < total:
         try:
             sent.append(send(urls[j], bodies[j], headers[j], timeouts[j]))
         except Exception as exc:
-            sent.append((None, "could not send the request: %s" % exc, None, (time.perf_counter() - window_started) * 1000))
+            sent.append((None, "pgmb's own failure: could not send the request: %s" % exc, None,
+                         (time.perf_counter() - window_started) * 1000))
     for request in sent:
         try:
             outcome = receive(request)
         except plpy.spiexceptions.QueryCanceled:
             raise
         except Exception as exc:
-            outcome = (None, "could not send the request: %s" % exc, None, (time.perf_counter() - window_started) * 1000)
+            outcome = (None, "pgmb's own failure: could not send the request: %s" % exc, None,
+                       (time.perf_counter() - window_started) * 1000)
         finished = time.time()
         if oldest is None:
             oldest = finished

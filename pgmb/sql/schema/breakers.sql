@@ -11,6 +11,10 @@
 -- a timeout, a lease of a started request that expired), a 5xx, 408, 429, and any other
 -- answer that is neither 2xx nor 4xx (a redirect: the endpoint is misconfigured). A 4xx
 -- other than 408 and 429 is the message's fault: the endpoint answered.
+-- A failure of pgmb's own (pgmb.own_failure: the request could not be built or encoded, or
+-- the endpoint policy refused the address) is neither: the endpoint was asked nothing, so
+-- it counts for nothing here, not even as a request; a probe that failed so hands its turn
+-- to the next delivery at once.
 --
 -- Every transition is made here, by pgmb.breaker_settle (called by pgmb.ack and
 -- pgmb.settle_failures, so both dispatch paths share it), pgmb.breaker_admit (called by
@@ -70,6 +74,15 @@ CREATE OR REPLACE FUNCTION pgmb.breaker_counts(status integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT status IS NULL
         OR NOT (status BETWEEN 200 AND 299 OR (status BETWEEN 400 AND 499 AND status NOT IN (408, 429)))
+$$;
+
+-- Whether an outcome is a failure of pgmb's own (see the top of this file): no status, and
+-- an error that begins with the text of pgmb.dispatch.client.OWN_FAILURE, which both dispatch
+-- paths write and nothing an endpoint sends can produce (an answer's outcome has a status;
+-- the errors of no answer are the dispatchers' own words).
+CREATE OR REPLACE FUNCTION pgmb.own_failure(status integer, error text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT status IS NULL AND starts_with(coalesce(error, ''), 'pgmb''s own failure: ')
 $$;
 
 -- Seconds a breaker stays open after its n-th opening in a row: the cool-down, doubled
@@ -139,7 +152,14 @@ BEGIN
         t := clock_timestamp();
         failed := NOT acked AND pgmb.breaker_counts(o_statuses[i]);
         -- Open: what was out when it opened settles without a say (the probe decides).
-        IF w.breaker_state = 'half_open' THEN
+        IF NOT acked AND pgmb.own_failure(o_statuses[i], o_errors[i]) THEN
+            -- pgmb's own failure: not the endpoint's, not a request. A probe's: the next
+            -- claim sends another.
+            IF w.breaker_state = 'half_open' AND o_leases[i] = w.breaker_probe THEN
+                w.breaker_probe := NULL;
+                w.breaker_until := t;
+            END IF;
+        ELSIF w.breaker_state = 'half_open' THEN
             -- Only the probe decides; requests that were out before it opened do not.
             IF o_leases[i] = w.breaker_probe THEN
                 w.breaker_trips := CASE WHEN failed THEN w.breaker_trips + 1 ELSE 0 END;

@@ -337,8 +337,15 @@ DECLARE
     deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
     next_reclaim timestamptz := clock_timestamp();
     claimed pgmb.claimed[];
+    -- When the claim began: its leases run out lease_seconds after (or a little later).
+    claimed_at timestamptz;
     c pgmb.claimed;
     outcome pgmb.http_outcome;
+    built_headers jsonb;
+    -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
+    marked integer;
+    -- Seconds since the claim began.
+    waited float8;
     transport text;
     runs boolean;
     started timestamptz;
@@ -354,6 +361,9 @@ DECLARE
     run_timeouts float8[];
     run_ids bigint[];
     run_leases uuid[];
+    -- The last moment (seconds since the epoch) a request of the run may begin and still
+    -- end within its lease.
+    run_lease_end float8;
     run_ok integer;
     paced boolean;
     run_outcomes pgmb.http_outcome[];
@@ -403,6 +413,7 @@ BEGIN
             next_reclaim := clock_timestamp() + interval '5 seconds';
         END IF;
         BEGIN
+            claimed_at := clock_timestamp();
             SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
         EXCEPTION WHEN others THEN
             -- Nothing claimed: wait as when nothing is due, then try again.
@@ -449,6 +460,7 @@ BEGIN
             -- after a pacing wait (nothing waits for a sleep), or the batch's, once it is
             -- full or its oldest outcome would wait too long. This request's start mark
             -- goes with it.
+            marked := NULL;
             IF i = 1 OR wait > 0
                OR cardinality(done_ids) >= commit_every
                OR (cardinality(done_ids) > 0
@@ -464,11 +476,35 @@ BEGIN
                 -- A failed mark does not hold the request back: its expiry would then be
                 -- forgiven (up to twice), as after a crash within a batch.
                 BEGIN
-                    PERFORM pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                    marked := pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
                 EXCEPTION WHEN others THEN
                     RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
                 END;
                 COMMIT;
+            END IF;
+            -- A request ends within its lease (docs/decisions/0040-a-request-ends-within-its-lease.md):
+            -- posted only if it can end before its lease runs out, reckoned from before the
+            -- claim, as pgmb_dispatch does (where a lease stored before that rule is not
+            -- longer than the timeout, a request that waited under a quarter of it goes). A
+            -- later one is handed back unattempted, with the outcomes kept so far, so that no
+            -- other dispatcher posts it while this one does. A start mark refused (0: the
+            -- lease is no longer this claim's, reclaimed after it ran out) is not posted either.
+            -- In seconds, not intervals: a timeout or lease stored before the rules may be
+            -- past what an interval holds.
+            waited := extract(epoch FROM clock_timestamp() - claimed_at);
+            IF marked = 0
+               OR (waited + c.timeout >= c.lease_seconds
+                   AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
+                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+                done_ids := '{}';
+                done_leases := '{}';
+                done_outcomes := '{}';
+                IF marked IS DISTINCT FROM 0 THEN
+                    PERFORM pgmb.release(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                END IF;
+                COMMIT;
+                i := i + 1;
+                CONTINUE;
             END IF;
             run_end := NULL;
             IF runs AND c.rps >= 1000 THEN
@@ -506,8 +542,9 @@ BEGIN
                 IF run_end IS NOT NULL THEN
                     SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
                            array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
-                           array_agg(x.lease_id ORDER BY x.ordinality)
-                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases
+                           array_agg(x.lease_id ORDER BY x.ordinality),
+                           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
+                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases, run_lease_end
                     FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
                 END IF;
             END IF;
@@ -527,12 +564,15 @@ BEGIN
                              commit_every - cardinality(done_ids), commit_ms,
                              CASE WHEN cardinality(done_ids) > 0
                                   THEN extract(epoch FROM clock_timestamp() - pending_since) * 1000 END,
-                             last_post_ms, extract(epoch FROM deadline)::float8)
+                             last_post_ms,
+                             -- No window begins past the loop's end, nor once a request of the
+                             -- run could outlast its lease (the rest come back here, one by one).
+                             least(extract(epoch FROM deadline)::float8, run_lease_end))
                          WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
                 EXCEPTION WHEN others THEN
                     -- Not a request's fault (those are outcomes): the call's. Recorded against
                     -- the run's first row; the rest go on in the next run.
-                    run_outcomes := ARRAY[ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
+                    run_outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
                                               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
                     run_first := extract(epoch FROM clock_timestamp());
                     run_last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
@@ -550,18 +590,23 @@ BEGIN
                 failed := failed + posted - run_ok;
                 i := i + posted;
             ELSE
+                -- A request that cannot be built, or a call that fails rather than give an
+                -- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the
+                -- delivery's attempt, never the endpoint's.
+                built_headers := NULL;
                 BEGIN
+                    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
                     -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
                     -- cannot even be planned where PL/Python is missing.
                     IF transport = 'plpython3u' THEN
-                        outcome := pgmb.post_via_plpython(c.endpoint, c.body,
-                                                          pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                        outcome := pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
                     ELSE
-                        outcome := pgmb.post(c.endpoint, c.body,
-                                             pgmb.request_headers(c, extract(epoch FROM now())::bigint), c.timeout);
+                        outcome := pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
                     END IF;
                 EXCEPTION WHEN others THEN
-                    outcome := ROW(NULL, 'could not send the request: ' || SQLERRM, NULL,
+                    outcome := ROW(NULL, 'pgmb''s own failure: '
+                                         || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
+                                                 ELSE 'could not send the request: ' END || SQLERRM, NULL,
                                    extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
                 END;
                 last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
@@ -599,6 +644,21 @@ BEGIN
     END IF;
 END $$;
 
+-- The value of the pgmb-routing-key header of a routing key, as
+-- pgmb.worker_request.routing_key_header gives it: printable ASCII but '%' as it is, every
+-- other character as the percent-encoded bytes of its UTF-8 (RFC 3986, upper-case hex), so
+-- that the header is ASCII on every path and a worker gets the key back with any URL-unquote.
+-- Most keys are all kept: one match, no copy.
+CREATE OR REPLACE FUNCTION pgmb.routing_key_header(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE WHEN routing_key ~ '^[\x21-\x24\x26-\x7e]*$' THEN routing_key
+                ELSE (SELECT string_agg(CASE WHEN ch ~ '^[\x21-\x24\x26-\x7e]$' THEN ch
+                                             ELSE upper(regexp_replace(encode(convert_to(ch, 'UTF8'), 'hex'),
+                                                                       '(..)', '%\1', 'g')) END,
+                                        '' ORDER BY n)
+                      FROM regexp_split_to_table(routing_key, '') WITH ORDINALITY AS t(ch, n)) END
+$$;
+
 -- The headers of each request of a run, as pgmb/worker_request.py builds them: the
 -- message's own headers (printable ASCII values of valid names, none reserved: the
 -- names the transports set themselves, User-Agent included, are dropped whatever their case),
@@ -622,7 +682,7 @@ BEGIN
             || jsonb_build_object(
                    'Content-Type', 'application/json',
                    'pgmb-message-id', c.message_id::text,
-                   'pgmb-routing-key', c.routing_key,
+                   'pgmb-routing-key', pgmb.routing_key_header(c.routing_key),
                    'pgmb-queue', c.queue,
                    'pgmb-attempt', c.attempt::text)
             -- One "v1,<signature>" per secret, space-separated, in the order given (current

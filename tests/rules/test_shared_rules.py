@@ -23,6 +23,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -273,6 +274,29 @@ ENDPOINTS = [
     ("HtTpS://a.example.com", True),
     ("http://web:8000/", True),
     ("http://[::1]:8000/x", True),
+    # Issue 26, item 15: a host urllib can split, a port a connection can be made to.
+    ("http://[::1", False),
+    ("http://[::1/x", False),
+    ("http://u:p@[::1/x", False),
+    ("http://[zz]/", False),
+    ("http://[]/", False),
+    ("http://a]/", False),
+    ("http://a[b@h/", False),
+    ("http://u:p@[::ffff:127.0.0.1]:1/", True),
+    ("http://a:99999/", False),
+    ("http://a:65536/", False),
+    ("http://a:0/", False),
+    ("http://a:080/", False),  # no leading zeros
+    ("http://a:8o/", False),
+    ("http://a:1:2/", False),
+    ("http://a:1/", True),
+    ("http://a:65535/", True),
+    ("http://a:/", True),  # an empty port is the scheme's
+    ("http://u:p@h:8443/", True),
+    ("http://a@b@h/", True),  # the last "@" ends the credentials, as urllib reads them
+    ("http://u:p@/x", False),  # credentials and no host
+    ("http://:80/", False),
+    ("https://ドメイン.example:8443/パス", True),
     ("http://a/ünïcode", True),
     ("http://a?q", True),
     ("ftp://a/", False),
@@ -308,6 +332,9 @@ def test_endpoints(endpoint, accepted):
     )
     same_verdict(py, db, endpoint)
     assert py[0] is accepted
+    if accepted:  # what the rule takes, urllib splits, and a connection can be made to
+        parts = urlsplit(endpoint)
+        assert parts.hostname and parts.port in (None, *range(1, 65536))
 
 
 def test_the_endpoint_regex_is_written_out_identically():

@@ -72,8 +72,15 @@ class WorkerForm(forms.ModelForm):
         if self.instance.pk:
             try:
                 return keep_credentials(endpoint, self.instance.endpoint)
-            except CredentialsNotCarried as exc:
-                raise forms.ValidationError(str(exc), code="credentials_not_carried") from None
+            except CredentialsNotCarried:
+                raise forms.ValidationError(
+                    _(
+                        "The stored user name and password are kept only while the scheme, "
+                        "host and port stay the same: type them again for the new address, "
+                        "or remove them."
+                    ),
+                    code="credentials_not_carried",
+                ) from None
         return endpoint
 
     def clean_secret(self) -> str:

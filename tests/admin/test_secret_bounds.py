@@ -14,7 +14,7 @@ from django.db import connection
 import pgmb
 from pgmb import deliveries
 from pgmb.models import Worker
-from pgmb.worker_secrets import MAX_RETIRING_SECRETS, MIN_SECRET_BYTES, signing_secrets
+from pgmb.worker_secrets import MAX_RETIRING_SECRETS, signing_secrets
 from tests.roles import login_role, owner  # noqa: F401
 from tests.signatures import receiver_accepts
 
@@ -31,11 +31,6 @@ def one(statement: str, params: tuple = ()) -> object:
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.fetchone()[0]
-
-
-def test_the_bound_is_one_number_in_python_and_sql(db):
-    assert one("SELECT pgmb.max_retiring_secrets()") == MAX_RETIRING_SECRETS
-    assert MIN_SECRET_BYTES == 16
 
 
 def test_rotations_in_the_admin_keep_the_newest_retiring_secrets(

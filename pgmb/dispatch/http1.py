@@ -1,10 +1,12 @@
 """HTTP/1.1 POSTs over pooled keep-alive connections, on asyncio's protocols.
 
-The external dispatcher's HTTP client. It needs one narrow thing: a POST whose headers are
-already checked (:func:`pgmb.worker_request.build_headers`), the answer's status, its
-headers and the first bytes of its body. A general client (aiohttp) costs two to three
-times the CPU a request for what it offers beyond that, and that cost would bound the
-dispatcher's throughput (docs/decisions/0011-the-dispatchers-own-http-client.md).
+The external dispatcher's HTTP client, which also sends the admin's test request (so the
+policy, the deadline and the redirect rule have one implementation). It needs one narrow
+thing: a POST whose headers are already checked (:func:`pgmb.worker_request.build_headers`),
+the answer's status, its headers and the first bytes of its body. A general client
+(aiohttp) costs two to three times the CPU a request for what it offers beyond that, and
+that cost would bound the dispatcher's throughput
+(docs/decisions/0011-the-dispatchers-own-http-client.md).
 
 Answers are parsed by llhttp (through ``httptools``, as uvicorn does), which reads them as
 RFC 9112 says: interim 1xx answers are skipped, no framing at all means the body ends with

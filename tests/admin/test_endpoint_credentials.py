@@ -8,10 +8,13 @@ endpoint in SQL, and the owner through pgmb.worker().
 
 from __future__ import annotations
 
+import base64
+
 import psycopg
 import pytest
 from django.contrib.auth.models import Permission
 
+import pgmb
 from pgmb.models import Worker
 from tests.roles import login_role, owner  # noqa: F401
 
@@ -90,6 +93,32 @@ def test_masked_credentials_do_not_follow_the_endpoint_to_another_host(
     post_test(editor, worker)
     [stolen] = own_host.wait_for(1)
     assert stolen.headers["Authorization"] == "Basic bWFsbG9yeTptaW5l"  # mallory:mine
+
+
+def test_an_editor_with_only_change_worker_cannot_route_deliveries_to_their_host(
+    client, django_user_model, make_recording_server, make_worker, make_queue, dispatch
+):
+    """The same attack without the test request: a user holding change_worker alone (Django
+    lets it view too) moves the endpoint and waits for the dispatcher's next delivery."""
+    owner_host = make_recording_server()
+    own_host = make_recording_server()
+    stored = owner_host.url("/hook").replace("http://", f"http://alice:{PASSWORD}@")
+    worker = make_worker("orders", stored)
+    make_queue("order.*", name="orders", worker=worker)
+    editor = staff(client, django_user_model, "change_worker")
+
+    moved = own_host.url("/steal").replace("http://", "http://***:***@")
+    response = editor.post(url("worker_change", worker.pk), form_data(worker, moved))
+    assert list(form_errors(response)) == ["endpoint"]
+    pgmb.send("order.created", {"n": 1})
+    assert dispatch().delivered == 1
+
+    assert own_host.requests == []
+    [delivered] = owner_host.requests
+    assert (
+        delivered.headers["Authorization"]
+        == "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+    )
 
 
 def test_the_mask_keeps_the_credentials_on_the_same_host(

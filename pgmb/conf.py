@@ -24,16 +24,33 @@ DEFAULT_BLOAT_FACTOR = 4.0
 #: Networks no endpoint may reach unless ENDPOINT_POLICY allows them: link-local, where a
 #: cloud's metadata service answers (169.254.169.254).
 LINK_LOCAL = ("169.254.0.0/16", "fe80::/10")
+#: Metadata services outside link-local: AWS's IPv6 one (fd00:ec2::254), Alibaba Cloud's
+#: (100.100.100.200).
+METADATA = ("fd00:ec2::254/128", "100.100.100.200/32")
+#: The IPv4 networks above as IPv6 reaches them through NAT64 (64:ff9b::/96, RFC 6052) and
+#: 6to4 (2002::/16, RFC 3056): the address a gateway translates to is the IPv4 one.
+TRANSLATED_METADATA = (
+    "64:ff9b::a9fe:0/112",
+    "64:ff9b::6464:64c8/128",
+    "2002:a9fe::/32",
+    "2002:6464:64c8::/48",
+)
 #: The default ENDPOINT_POLICY: workers are the operator's own services (private ranges and
-#: loopback stay reachable), link-local is refused.
-DEFAULT_ENDPOINT_POLICY: dict[str, list[str]] = {"allow": [], "deny": list(LINK_LOCAL)}
+#: loopback stay reachable), link-local and the metadata services are refused, also through
+#: NAT64 and 6to4. The in-database path's default is the same list,
+#: ``pgmb.default_endpoint_deny()`` (tests/rules/test_endpoint_presets.py).
+DEFAULT_ENDPOINT_POLICY: dict[str, list[str]] = {
+    "allow": [],
+    "deny": [*LINK_LOCAL, *METADATA, *TRANSLATED_METADATA],
+}
 #: The documented preset for endpoints registered by untrusted users: only public addresses
-#: (loopback, link-local, private, unique-local, CGNAT and "this network" refused).
+#: (loopback, link-local, the metadata services, private, unique-local, CGNAT, "this
+#: network", and NAT64 and 6to4, which reach any IPv4 address, refused).
 #: ``PGMB = {"ENDPOINT_POLICY": pgmb.conf.UNTRUSTED_ENDPOINTS}``.
 UNTRUSTED_ENDPOINTS: dict[str, list[str]] = {
     "allow": [],
     "deny": [
-        *LINK_LOCAL,
+        *DEFAULT_ENDPOINT_POLICY["deny"],
         "127.0.0.0/8",
         "::1/128",
         "0.0.0.0/8",
@@ -43,6 +60,9 @@ UNTRUSTED_ENDPOINTS: dict[str, list[str]] = {
         "192.168.0.0/16",
         "100.64.0.0/10",
         "fc00::/7",
+        "64:ff9b::/96",
+        "64:ff9b:1::/48",
+        "2002::/16",
     ],
 }
 

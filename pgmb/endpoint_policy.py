@@ -8,17 +8,17 @@ own words (``pgmb.load_plpython_transport``); one table of cases runs both
 
 The check is made on the address a connection is made to, after name resolution, so a
 name whose answer changes between a check and a connect (DNS rebinding) cannot reach a
-refused address: :func:`open_checked` (the admin's test request) and the external
-dispatcher's client (pgmb.dispatch.http1) resolve, keep the allowed addresses and connect
-to those only. :func:`endpoint_problem` checks a worker's endpoint when it is saved.
+refused address: the external dispatcher's client (pgmb.dispatch.http1, which also sends
+the admin's test request) resolves, keeps the allowed addresses (:func:`allowed`) and
+connects to those only. :func:`endpoint_problem` checks a worker's endpoint when it is
+saved. The presets are in pgmb.conf (docs/decisions/0059-endpoint-presets.md).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -98,32 +98,3 @@ def endpoint_problem(url: str, policy: Policy | None = None) -> str | None:
             "refuses (docs/security.md, Endpoints)"
         )
     return None
-
-
-def open_checked(
-    host: str,
-    port: int,
-    deadline: float,
-    policy: Policy,
-    socket_options: Sequence[tuple[int, int, int | bytes]] = (),
-) -> socket.socket:
-    """A socket connected to an address of ``host`` the policy allows, by ``deadline``
-    (time.monotonic()); :class:`EndpointRefused` before any packet is sent when there is
-    none, ``TimeoutError`` past the deadline."""
-    infos = allowed(policy, host, socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-    error: OSError = OSError(f"no address for {host}")
-    for family, kind, proto, _, address in infos:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"timed out connecting to {host}")
-        sock = socket.socket(family, kind, proto)
-        try:
-            for option in socket_options:
-                sock.setsockopt(*option)
-            sock.settimeout(left)
-            sock.connect(address)
-            return sock
-        except OSError as exc:
-            sock.close()
-            error = exc
-    raise error

@@ -28,7 +28,7 @@ from django.utils.translation import gettext_lazy as _
 from . import endpoint_policy, routing, sql
 from .errors import PgmbError
 from .ids import uuid7
-from .worker_request import secret_problem
+from .worker_secrets import new_secret_problem
 
 
 def _validate(check: Callable[..., object], *args: Any) -> None:
@@ -56,27 +56,42 @@ def validate_routing_key(value: str) -> None:
 
 
 _BLANKS = routing.KEY_FORBIDDEN[1:-1]  # the key rule's blanks and control characters
+#: A port from 1 to 65535, written without leading zeros.
+_PORT = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 #: The endpoint rule, the very regex text pgmb.prepare_worker() applies in SQL: "http://" or
-#: "https://" (the scheme in any case), a host part of at least one character that is none
-#: of "/?#" and no blank or control character (routing.KEY_FORBIDDEN), then optionally a
-#: path, query or fragment without blanks or control characters. Single-label hosts such as
-#: "http://web:8000/" are fine, unlike with Django's URLValidator. The scheme is spelled
-#: out letter by letter because Python's IGNORECASE would also take U+017F (long s) for "s".
-ENDPOINT_PATTERN = rf"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#{_BLANKS}]+(?:[/?#][^{_BLANKS}]*)?$"
+#: "https://" (the scheme in any case); optionally a user name and password ending at the
+#: last "@" of the authority; a host, either an IPv6 address in brackets (hexadecimal
+#: digits, dots and at least one colon) or a name or IPv4 address of at least one
+#: character that is none of "/?#@[]:" and no blank or control character
+#: (routing.KEY_FORBIDDEN); optionally ":" and a port from 1 to 65535 (an empty port is the
+#: scheme's); then optionally a path, query or fragment without blanks or control
+#: characters. Single-label hosts such as "http://web:8000/" are fine, unlike with
+#: Django's URLValidator; "http://[::1" and "http://a:99999/" are not (urllib cannot
+#: split the one, no connection can be made to the other). The scheme is spelled out
+#: letter by letter because Python's IGNORECASE would also take U+017F (long s) for "s".
+ENDPOINT_PATTERN = (
+    rf"^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#\[\]{_BLANKS}]*@)?"
+    rf"(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^/?#@\[\]:{_BLANKS}]+)(?::{_PORT}?)?"
+    rf"(?:[/?#][^{_BLANKS}]*)?$"
+)
 ENDPOINT_RE = re.compile(ENDPOINT_PATTERN)
 
 
 def validate_endpoint(value: str) -> None:
     if not isinstance(value, str) or not ENDPOINT_RE.fullmatch(value):
         raise ValidationError(
-            _("Enter an http:// or https:// URL without blanks, like http://orders:8000/hook."),
+            _(
+                "Enter an http:// or https:// URL without blanks, like http://orders:8000/hook "
+                "(a port from 1 to 65535, an IPv6 address in brackets)."
+            ),
             code="invalid",
         )
 
 
 def validate_secret(value: str) -> None:
-    """The secret rule of :func:`pgmb.worker_request.secret_problem` (``pgmb.secret_key``)."""
-    problem = secret_problem(value) if isinstance(value, str) else "it must be a text"
+    """The rule of a new secret, :func:`pgmb.worker_secrets.new_secret_problem`
+    (``pgmb.new_secret_problem`` in SQL, which the worker trigger applies to a changed one)."""
+    problem = new_secret_problem(value) if isinstance(value, str) else "it must be a text"
     if problem is not None:
         raise ValidationError(
             _("Invalid secret: %(problem)s."), code="invalid", params={"problem": problem}

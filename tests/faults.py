@@ -36,7 +36,7 @@ def faulty_world(recording_server, make_worker, make_queue):
     good = make_queue("#", name="good", worker=make_worker(endpoint=server.url("/good")))
     bad = {
         "bad_secret": make_worker(endpoint=server.url("/secret")),
-        "bad_port": make_worker(endpoint="http://127.0.0.1:99999/x"),
+        "bad_port": make_worker(endpoint=server.url("/port")),  # 99999, stored below
         "nul_body": make_worker(endpoint=server.url("/nul")),
         "odd_retry": make_worker(endpoint=server.url("/odd-retry-after")),
         "date_retry": make_worker(endpoint=server.url("/date-retry-after")),
@@ -47,6 +47,11 @@ def faulty_world(recording_server, make_worker, make_queue):
         make_queue("#", name=name, worker=worker, max_retries=0)
     _store_with_triggers_off(
         "UPDATE pgmb_worker SET secret = 'whsec_a' WHERE id = %s", (bad["bad_secret"].pk,)
+    )
+    # A port out of range, which the endpoint rule refuses now (a row stored before it).
+    _store_with_triggers_off(
+        "UPDATE pgmb_worker SET endpoint = 'http://127.0.0.1:99999/x' WHERE id = %s",
+        (bad["bad_port"].pk,),
     )
     # Longer than any lease, which the worker_timeout trigger refuses now.
     _store_with_triggers_off(

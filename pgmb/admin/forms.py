@@ -8,13 +8,14 @@ from typing import Any
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from ..endpoint_masking import keep_credentials, mask_credentials
+from ..endpoint_masking import CredentialsNotCarried, keep_credentials, mask_credentials
 from ..models import Worker
 
 
 class WorkerForm(forms.ModelForm):
     """Worker form whose secret is write-only: it is never rendered back into the page; and
-    whose endpoint is shown with its credentials masked (kept unless retyped)."""
+    whose endpoint is shown with its credentials masked (kept unless retyped, and only for
+    the same scheme, host and port)."""
 
     secret = forms.CharField(
         required=False,
@@ -69,7 +70,17 @@ class WorkerForm(forms.ModelForm):
     def clean_endpoint(self) -> str:
         endpoint: str = self.cleaned_data.get("endpoint", "")
         if self.instance.pk:
-            return keep_credentials(endpoint, self.instance.endpoint)
+            try:
+                return keep_credentials(endpoint, self.instance.endpoint)
+            except CredentialsNotCarried:
+                raise forms.ValidationError(
+                    _(
+                        "The stored user name and password are kept only while the scheme, "
+                        "host and port stay the same: type them again for the new address, "
+                        "or remove them."
+                    ),
+                    code="credentials_not_carried",
+                ) from None
         return endpoint
 
     def clean_secret(self) -> str:

@@ -351,7 +351,9 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
                 "Lower-case letters, digits and underscores. A queue named order_queue (or "
                 "order) gets the SQL views pgmb.%(queue)s and pgmb.%(dead)s."
             )
-        form.base_fields["name"].help_text = hint % {"queue": queue_view, "dead": dead_view}
+        # A user who may only view the queue gets a form without fields (all read-only).
+        if "name" in form.base_fields:
+            form.base_fields["name"].help_text = hint % {"queue": queue_view, "dead": dead_view}
         return form
 
     @admin.display(description=_("pending"))

@@ -6,40 +6,39 @@ Webhooks way with each secret that signs its deliveries, retiring ones included)
 small JSON body of its own and the header ``pgmb-test: 1``, and shows what came back: the
 status, the time taken, a short escaped excerpt of the answer, or why there was none
 (refused, timed out, TLS, a bad secret...).
-Redirects are not followed (neither does the dispatcher).
 
-The worker's timeout is a total deadline, as on both dispatch paths: connecting, sending and
-reading the answer all end by then (a server that sends one byte at a time cannot hold the
-admin's process longer). The connection is made only to an address of the endpoint's name
-that ``PGMB["ENDPOINT_POLICY"]`` allows, checked after resolution (pgmb.endpoint_policy):
-nothing leaves for a refused address. Each test request is recorded in the admin's history
-(a LogEntry on the worker); no message, delivery or attempt is stored. Granted by the Worker
-model's permission ``pgmb.test_worker``; one worker at a time.
+It is sent by the external dispatcher's own HTTP client (:class:`pgmb.dispatch.http1.Client`
+with the dispatcher's User-Agent), so that the rules are one implementation, not two: the
+worker's timeout is a total deadline, name resolution included (a resolver that stalls or a
+server that sends one byte at a time cannot hold the admin's process longer); the connection
+is made only to an address of the endpoint's name that ``PGMB["ENDPOINT_POLICY"]`` allows,
+checked after resolution (pgmb.endpoint_policy): nothing leaves for a refused address;
+redirects are not followed; the endpoint's user name and password are sent as Basic
+credentials. Each test request is recorded in the admin's history (a LogEntry on the
+worker); no message, delivery or attempt is stored. Granted by the Worker model's
+permission ``pgmb.test_worker``; one worker at a time.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
-import socket
-import threading
+import ssl
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import requests
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.timezone import now
 from django.utils.translation import gettext as _
-from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .. import endpoint_policy
+from ..dispatch import http1
+from ..dispatch.client import USER_AGENT
 from ..endpoint_masking import mask_credentials
 from ..models import Worker
 from ..worker_request import build_headers
@@ -94,69 +93,20 @@ def escaped_excerpt(chunk: bytes) -> str:
     )
 
 
-class _Guard:
-    """One test request's deadline and endpoint policy, applied where urllib3 connects.
-
-    urllib3's timeouts bound each read, not the whole: a watchdog shuts the connection down
-    at the deadline, which ends any read in progress (plain or TLS) at once."""
-
-    def __init__(self, timeout: float, policy: endpoint_policy.Policy) -> None:
-        self.deadline = time.monotonic() + timeout
-        self.policy = policy
-        self.expired = False
-        self.refused: endpoint_policy.EndpointRefused | None = None
-        self._timers: list[tuple[threading.Timer, socket.socket]] = []
-
-    def connect(self, host: str, port: int, options: Any) -> socket.socket:
-        try:
-            sock = endpoint_policy.open_checked(
-                host, port, self.deadline, self.policy, options or ()
-            )
-        except endpoint_policy.EndpointRefused as exc:
-            self.refused = exc
-            raise
-        watched = sock.dup()  # the dup keeps the socket alive for the watchdog
-        timer = threading.Timer(
-            max(0.0, self.deadline - time.monotonic()), self._expire, (watched,)
+async def _post(worker: Worker, body: bytes, headers: dict[str, str]) -> http1.Response:
+    """One POST through a client of its own, closed after it (nothing kept alive)."""
+    client = http1.Client(kept=1, policy=endpoint_policy.current())
+    try:
+        return await client.post(
+            worker.endpoint,
+            body,
+            {**headers, "User-Agent": USER_AGENT},
+            worker.timeout,
+            EXCERPT_BYTES + 1,
+            keep_success=True,
         )
-        timer.daemon = True
-        self._timers.append((timer, watched))
-        timer.start()
-        return sock
-
-    def _expire(self, sock: socket.socket) -> None:
-        self.expired = True
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        for timer, sock in self._timers:
-            timer.cancel()
-            sock.close()
-
-    def adapter(self) -> HTTPAdapter:
-        """A requests adapter whose connections are made by :meth:`connect`."""
-        guard = self
-
-        class Plain(HTTPConnection):
-            def _new_conn(self) -> socket.socket:
-                return guard.connect(self._dns_host, self.port, self.socket_options)
-
-        class Tls(HTTPSConnection):  # TLS still checks the endpoint's name (self.host)
-            def _new_conn(self) -> socket.socket:
-                return guard.connect(self._dns_host, self.port, self.socket_options)
-
-        pools = {
-            "http": type("PlainPool", (HTTPConnectionPool,), {"ConnectionCls": Plain}),
-            "https": type("TlsPool", (HTTPSConnectionPool,), {"ConnectionCls": Tls}),
-        }
-
-        class Adapter(HTTPAdapter):
-            def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-                super().init_poolmanager(*args, **kwargs)
-                self.poolmanager.pool_classes_by_scheme = pools
-
-        return Adapter(max_retries=0)
+    finally:
+        await client.close()
 
 
 def send_test_request(worker: Worker) -> TestResult:
@@ -186,53 +136,41 @@ def send_test_request(worker: Worker) -> TestResult:
     headers["pgmb-test"] = "1"
     result.sent_headers = headers
     started = time.perf_counter()
-    guard = _Guard(worker.timeout, endpoint_policy.current())
     try:
-        with requests.Session() as session:
-            session.trust_env = False  # as the dispatcher: no proxies or netrc from the env
-            adapter = guard.adapter()
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            with session.post(
-                worker.endpoint,
-                data=body,
-                headers=headers,
-                timeout=worker.timeout,
-                allow_redirects=False,
-                stream=True,
-            ) as response:
-                result.status = response.status_code
-                result.reason = response.reason or ""
-                result.response_headers = dict(response.headers)
-                chunk = response.raw.read(EXCERPT_BYTES + 1, decode_content=True) or b""
-                result.truncated = len(chunk) > EXCERPT_BYTES
-                result.excerpt = escaped_excerpt(chunk[:EXCERPT_BYTES])
+        # The admin's views are synchronous: this thread runs no event loop of its own.
+        response = asyncio.run(_post(worker, body, headers))
     except Exception as exc:
-        result.error = _error_text(exc, guard, worker.timeout)
-    finally:
-        guard.close()
+        result.error = _error_text(exc, worker.timeout)
+    else:
+        result.status = response.status
+        result.reason = response.reason
+        result.response_headers = dict(response.headers)
+        result.truncated = len(response.body) > EXCERPT_BYTES
+        result.excerpt = escaped_excerpt(response.body[:EXCERPT_BYTES])
     result.duration_ms = (time.perf_counter() - started) * 1000
     return result
 
 
-def _error_text(exc: Exception, guard: _Guard, timeout: float) -> str:
+def _error_text(exc: Exception, timeout: float) -> str:
     """Why a test request got no answer, in the result page's words."""
-    if guard.refused is not None:
-        return _("Not sent: %(problem)s.") % {"problem": guard.refused}
-    if guard.expired:  # the watchdog ended the exchange: the same words as a read timeout
-        return _("Timed out waiting for the answer (timeout %(timeout)s s).") % {"timeout": timeout}
-    try:
-        raise exc
-    except requests.exceptions.SSLError as exc:
-        return _("TLS error: %(error)s") % {"error": exc}
-    except requests.exceptions.ConnectTimeout:
-        return _("Timed out connecting (timeout %(timeout)s s).") % {"timeout": timeout}
-    except requests.exceptions.ReadTimeout:
-        return _("Timed out waiting for the answer (timeout %(timeout)s s).") % {"timeout": timeout}
-    except requests.exceptions.ConnectionError as exc:
+    cause = exc.__cause__
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return _(
+            "Timed out: no answer within the worker's timeout (%(timeout)s s), name "
+            "resolution and connecting included."
+        ) % {"timeout": timeout}
+    if isinstance(cause, endpoint_policy.EndpointRefused):
+        return _("Not sent: %(problem)s.") % {"problem": cause}
+    if isinstance(exc, ValueError):  # a URL or a header that cannot be sent (masked)
+        return _("Not sent: %(problem)s.") % {"problem": exc}
+    if isinstance(cause, ssl.SSLError):
+        return _("TLS error: %(error)s") % {"error": cause}
+    if isinstance(exc, http1.BadResponse):
+        return _("Invalid answer: %(error)s") % {"error": exc}
+    if isinstance(exc, http1.HttpError | OSError):
         return _("Could not connect or the connection failed: %(error)s") % {"error": exc}
-    except Exception as exc:  # the page reports anything, never a 500
-        return _("The request failed: %(error)s") % {"error": f"{type(exc).__name__}: {exc}"}
+    # The page reports anything, never a 500.
+    return _("The request failed: %(error)s") % {"error": f"{type(exc).__name__}: {exc}"}
 
 
 @admin.action(permissions=["test"], description=_("Send a test request"))

@@ -1,10 +1,12 @@
 """HTTP/1.1 POSTs over pooled keep-alive connections, on asyncio's protocols.
 
-The external dispatcher's HTTP client. It needs one narrow thing: a POST whose headers are
-already checked (:func:`pgmb.worker_request.build_headers`), the answer's status, its
-headers and the first bytes of its body. A general client (aiohttp) costs two to three
-times the CPU a request for what it offers beyond that, and that cost would bound the
-dispatcher's throughput (docs/decisions/0011-the-dispatchers-own-http-client.md).
+The external dispatcher's HTTP client, which also sends the admin's test request (so the
+policy, the deadline and the redirect rule have one implementation). It needs one narrow
+thing: a POST whose headers are already checked (:func:`pgmb.worker_request.build_headers`),
+the answer's status, its headers and the first bytes of its body. A general client
+(aiohttp) costs two to three times the CPU a request for what it offers beyond that, and
+that cost would bound the dispatcher's throughput
+(docs/decisions/0011-the-dispatchers-own-http-client.md).
 
 Answers are parsed by llhttp (through ``httptools``, as uvicorn does), which reads them as
 RFC 9112 says: interim 1xx answers are skipped, no framing at all means the body ends with
@@ -50,7 +52,7 @@ import re
 import socket
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 from urllib.parse import quote, unquote, urlsplit
 
@@ -98,11 +100,14 @@ class BadResponse(HttpError):
 @dataclass(frozen=True)
 class Response:
     """An answer: its status, its headers (lower-case names; repeated ones joined with
-    ``", "``) and the first bytes of its body, as many as the caller asked to keep."""
+    ``", "``), the first bytes of its body, as many as the caller asked to keep, and its
+    reason phrase."""
 
     status: int
     headers: Mapping[str, str]
     body: bytes
+    #: What the status line said after the code; not part of what an answer is.
+    reason: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,7 @@ class Connection(asyncio.Protocol):
         self._partial = bytearray()
         self._waiter: asyncio.Future[Response] | None = None
         self._keep = 0
+        self._keep_success = False
         self._reset()
 
     def _reset(self) -> None:
@@ -185,6 +191,7 @@ class Connection(asyncio.Protocol):
         self._in_head = True
         self._head_bytes = 0
         self._status = 0
+        self._reason = ""
         self._http10 = False
         self._transfer_encoding = False
         self._headers: dict[str, str] = {}
@@ -239,11 +246,14 @@ class Connection(asyncio.Protocol):
 
     # --- used by the client ---
 
-    def request(self, data: bytes, keep: int) -> asyncio.Future[Response]:
+    def request(
+        self, data: bytes, keep: int, keep_success: bool = False
+    ) -> asyncio.Future[Response]:
         """Send one request; the future gets its answer or the reason there is none."""
         assert self.transport is not None and self._waiter is None
         self._waiter = asyncio.get_running_loop().create_future()
         self._keep = keep
+        self._keep_success = keep_success
         self.transport.write(data)
         return self._waiter
 
@@ -325,6 +335,7 @@ class Connection(asyncio.Protocol):
         self._transfer_encoding = False
 
     def on_status(self, reason: bytes) -> None:
+        self._reason = reason.decode("latin-1")  # an interim answer's is replaced
         self._head_bytes += len(reason) + 15  # the rest of the status line, about
         if self._head_bytes > HEAD_LIMIT:
             self._refuse(f"a response head over {HEAD_LIMIT} bytes")
@@ -356,7 +367,7 @@ class Connection(asyncio.Protocol):
         self._status = status
         self._http10 = version == "1.0"
         self._in_head = False
-        if status < 300:
+        if status < 300 and not self._keep_success:
             self._keep = 0  # a success needs no body
 
     def on_body(self, data: bytes) -> None:
@@ -391,7 +402,7 @@ class Connection(asyncio.Protocol):
         waiter = self._waiter
         assert waiter is not None
         self._waiter = None
-        response = Response(self._status, self._headers, bytes(self._body))
+        response = Response(self._status, self._headers, bytes(self._body), self._reason)
         reusable = self._complete and self._reusable and not self._stopped and not self._partial
         if not reusable or self.closed:
             self.abort()
@@ -421,11 +432,19 @@ class Client:
         self._endpoints: dict[str, _Endpoint] = {}
 
     async def post(
-        self, url: str, body: bytes, headers: Mapping[str, str], timeout: float, keep: int
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        timeout: float,
+        keep: int,
+        *,
+        keep_success: bool = False,
     ) -> Response:
         """POST ``body`` with ``headers`` (and Host, Content-Length) to ``url``.
 
-        The answer keeps the first ``keep`` bytes of a body that is not a success's.
+        The answer keeps the first ``keep`` bytes of a body that is not a success's (of a
+        success's too with ``keep_success``: the admin's test request shows it).
         Raises ``asyncio.TimeoutError`` after ``timeout`` seconds in all, :class:`HttpError`
         when no usable answer came, ``ValueError`` for a URL or header that cannot be sent.
         """
@@ -445,11 +464,11 @@ class Client:
         conn = self._take(endpoint.key)
         if conn is not None:
             try:
-                return await self._exchange(conn, data, keep, deadline)
+                return await self._exchange(conn, data, keep, keep_success, deadline)
             except NoResponse:
                 pass  # the server closed it as the request went out: once more, anew
         conn = await self._connect(endpoint, deadline)
-        return await self._exchange(conn, data, keep, deadline)
+        return await self._exchange(conn, data, keep, keep_success, deadline)
 
     async def close(self) -> None:
         """Close every connection, idle or busy (their requests fail)."""
@@ -460,12 +479,12 @@ class Client:
         await asyncio.sleep(0)  # the transports close on the next turn of the loop
 
     async def _exchange(
-        self, conn: Connection, data: bytes, keep: int, deadline: float
+        self, conn: Connection, data: bytes, keep: int, keep_success: bool, deadline: float
     ) -> Response:
         loop = asyncio.get_running_loop()
         timer = loop.call_at(deadline, conn.expire)
         try:
-            response = await conn.request(data, keep)
+            response = await conn.request(data, keep, keep_success)
         except BaseException:
             conn.abort()  # given up (cancelled, say) with the answer unread: unusable
             raise

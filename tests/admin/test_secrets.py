@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 import pgmb
-from pgmb.endpoint_masking import keep_credentials, mask_credentials
+from pgmb.endpoint_masking import CredentialsNotCarried, keep_credentials, mask_credentials
 from pgmb.models import Attempt, DeadLetter, Worker
 
 from .conftest import form_errors, table_rows, url
@@ -20,6 +20,7 @@ from .conftest import form_errors, table_rows, url
 SECRET = "whsec_c2VjcmV0LWtleS0xMjM0NTY3OA=="  # base64 of "secret-key-12345678"
 ENDPOINT = "https://hookuser:hookpass42@orders.example.com:8443/in?x=1"
 MASKED = "https://***:***@orders.example.com:8443/in?x=1"
+NEW_SECRET = "whsec_bmV3LXNlY3JldC0xNi1ieXRlcw=="  # base64 of "new-secret-16-bytes"
 #: What no page may contain: the secret, its base64 part, and the endpoint's credentials.
 NEVER_SHOWN = (SECRET, "c2VjcmV0LWtleS0xMjM0NTY3OA", "hookuser", "hookpass42")
 
@@ -72,8 +73,10 @@ def test_mask_credentials(url, shown):
     ("submitted", "stored", "meant"),
     [
         (MASKED, ENDPOINT, ENDPOINT),  # unchanged
-        ("https://***:***@new.example.com/in", ENDPOINT, "https://hookuser:hookpass42@new.example.com/in"),
+        ("https://***:***@orders.example.com:8443/v2", ENDPOINT, "https://hookuser:hookpass42@orders.example.com:8443/v2"),
+        ("https://***:***@ORDERS.example.com:8443/", ENDPOINT, "https://hookuser:hookpass42@ORDERS.example.com:8443/"),
         ("https://***@h/", "https://tok@h/", "https://tok@h/"),
+        ("https://***@h:443/", "https://tok@h/", "https://tok@h:443/"),  # the default port
         ("https://orders.example.com/in", ENDPOINT, "https://orders.example.com/in"),  # removed
         ("https://a:b@h/", ENDPOINT, "https://a:b@h/"),  # retyped
         ("https://***@h/", ENDPOINT, "https://***@h/"),  # not the mask it was shown
@@ -81,6 +84,23 @@ def test_mask_credentials(url, shown):
 )  # fmt: skip
 def test_keep_credentials(submitted, stored, meant):
     assert keep_credentials(submitted, stored) == meant
+
+
+@pytest.mark.parametrize(
+    "submitted",
+    [
+        "https://***:***@new.example.com:8443/in",  # another host
+        "https://***:***@orders.example.com/in",  # another port (443)
+        "https://***:***@orders.example.com:8444/in",
+        "http://***:***@orders.example.com:8443/in",  # another scheme
+        "https://***:***@orders.example.com.evil.test:8443/in",
+    ],
+)
+def test_masked_credentials_do_not_move_to_another_origin(submitted):
+    """Issue 26, item 8: the mask keeps the stored credentials only for the same scheme,
+    host and port."""
+    with pytest.raises(CredentialsNotCarried):
+        keep_credentials(submitted, ENDPOINT)
 
 
 # A user who may only view workers.
@@ -233,12 +253,12 @@ def test_an_editor_sees_neither_the_secret_nor_the_credentials(editor, signed):
     ("changes", "secret", "endpoint"),
     [
         ({}, SECRET, ENDPOINT),  # the form sent back as shown changes nothing
-        ({"secret": "whsec_bmV3LXNlY3JldA=="}, "whsec_bmV3LXNlY3JldA==", ENDPOINT),
+        ({"secret": NEW_SECRET}, NEW_SECRET, ENDPOINT),
         ({"clear_secret": "on"}, "", ENDPOINT),
         (
-            {"endpoint": "https://***:***@orders.example.net/v2"},
+            {"endpoint": "https://***:***@orders.example.com:8443/v2"},
             SECRET,
-            "https://hookuser:hookpass42@orders.example.net/v2",
+            "https://hookuser:hookpass42@orders.example.com:8443/v2",
         ),
         ({"endpoint": "https://orders.example.com/in"}, SECRET, "https://orders.example.com/in"),
         ({"endpoint": "https://new:pw@orders.example.com/"}, SECRET, "https://new:pw@orders.example.com/"),
@@ -270,24 +290,19 @@ def test_a_failing_endpoint_s_credentials_reach_no_log_error_or_page(
     # connection, with the URL in the error; a closed loopback port fails to connect.
     unencodable = make_worker("idna", f"http://hookuser:hookpass42@{'é' * 64}.example/in")
     closed = make_worker("closed", f"http://hookuser:hookpass42@127.0.0.1:{free_port()}/in")
-    # Credentials and no host: the endpoint rule takes "hookuser:hookpass42@" for a host.
-    hostless = make_worker("hostless", "http://hookuser:hookpass42@/in")
-    for worker in (unencodable, closed, hostless):
+    for worker in (unencodable, closed):
         make_queue(f"{worker.name}.#", name=worker.name, worker=worker, max_retries=0)
         pgmb.send(f"{worker.name}.created", {"n": 1})
 
     with caplog.at_level("INFO", logger="pgmb"):
         stats = dispatch()
 
-    assert (stats.claimed, stats.failed) == (3, 3)
+    assert (stats.claimed, stats.failed) == (2, 2)
     errors = sorted(Attempt.objects.values_list("error", flat=True))
     assert errors[0].startswith("connection failed: ")
     masked = f"http://***:***@{'é' * 64}.example/in"
     assert errors[1].startswith(
         f"pgmb's own failure: could not send the request: invalid host name in '{masked}': "
-    )
-    assert errors[2] == (
-        "pgmb's own failure: could not send the request: no host given: 'http://***:***@/in'"
     )
     assert sorted(DeadLetter.objects.values_list("last_error", flat=True)) == errors
     logged = caplog.text

@@ -1,6 +1,7 @@
 """Sending a test request to a worker from the admin: what the worker receives (verified
 as a receiver would), the result page for answers and for failures, and the permission."""
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -14,6 +15,7 @@ from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 
 from pgmb.admin.worker_test import send_test_request
+from pgmb.dispatch.client import USER_AGENT
 from pgmb.models import Worker
 from tests.httpserver import held
 from tests.security.trickle import trickling
@@ -21,6 +23,10 @@ from tests.security.trickle import trickling
 from .conftest import form_errors, url
 
 SECRET = "whsec_" + base64.b64encode(b"a test secret of pgmb").decode()
+TIMED_OUT = (
+    "Timed out: no answer within the worker's timeout (%s s), name resolution and "
+    "connecting included."
+)
 
 
 def post_test(client, workers):
@@ -68,6 +74,7 @@ def test_the_worker_receives_a_signed_test_request(admin_client, recording_serve
     assert request.headers["pgmb-attempt"] == "1"
     assert request.headers["pgmb-test"] == "1"
     assert request.headers["webhook-id"] == outcome.message_id
+    assert request.headers["user-agent"] == USER_AGENT  # the dispatcher's own client
     assert verify(SECRET, request.headers, request.body)
     assert not verify(
         "whsec_" + base64.b64encode(b"another").decode(), request.headers, request.body
@@ -104,7 +111,7 @@ def test_a_redirect_is_shown_not_followed(admin_client, recording_server, make_w
     outcome = result(post_test(admin_client, [worker]))
 
     assert outcome.status == 302
-    assert outcome.response_headers["Location"].endswith("/elsewhere")
+    assert outcome.response_headers["location"].endswith("/elsewhere")
     assert [r.path for r in recording_server.requests] == ["/hook"]
 
 
@@ -134,7 +141,7 @@ def test_an_endpoint_slower_than_the_timeout_is_reported(
         gate.set()
 
     assert outcome.status is None
-    assert outcome.error == "Timed out waiting for the answer (timeout 0.2 s)."
+    assert outcome.error == TIMED_OUT % 0.2
 
 
 @pytest.mark.django_db  # which secrets sign is asked of the database (pgmb.signing_secrets)
@@ -193,7 +200,7 @@ def test_the_timeout_bounds_the_whole_exchange(admin_client, make_worker):
         took = time.monotonic() - started
 
     assert outcome.status is None
-    assert outcome.error == "Timed out waiting for the answer (timeout 0.5 s)."
+    assert outcome.error == TIMED_OUT % 0.5
     assert took < 3, took
 
 
@@ -315,3 +322,66 @@ def test_the_page_shows_a_short_escaped_excerpt(admin_client, recording_server, 
     page = response.content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;\\x1b[31m\\x00" in page
     assert "<script>alert" not in page and "s" * 170 not in page
+
+
+# --- issue 26, item 15: one client, whose deadline bounds name resolution too ---
+
+
+class _StalledResolver(asyncio.DefaultEventLoopPolicy):
+    """Event loops whose name resolution of stall.pgmb.test never answers (a resolver that
+    does not reply), and of every other name as usual: the loop the test request runs on
+    is made by the policy (asyncio.run), as any asyncio program's."""
+
+    def __init__(self, asked: threading.Event) -> None:
+        super().__init__()
+        self.asked = asked
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        loop = super().new_event_loop()
+        real = loop.getaddrinfo
+        asked = self.asked
+
+        async def getaddrinfo(host, port, **kwargs):
+            if host == "stall.pgmb.test":
+                asked.set()
+                await asyncio.Event().wait()  # no answer, ever
+            return await real(host, port, **kwargs)
+
+        loop.getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+        return loop
+
+
+@pytest.fixture
+def stalled_resolver():
+    asked = threading.Event()
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_StalledResolver(asked))
+    yield asked
+    asyncio.set_event_loop_policy(previous)
+
+
+def test_a_resolver_that_never_answers_ends_at_the_deadline(
+    admin_client, make_worker, stalled_resolver
+):
+    # Saving resolves with the system's resolver (the name does not exist: not refused).
+    worker = make_worker(endpoint="http://stall.pgmb.test:8080/hook", timeout=0.3)
+
+    outcome = result(post_test(admin_client, [worker]))
+
+    assert stalled_resolver.is_set()  # the name was asked on the deadline's path
+    assert outcome.status is None
+    assert outcome.error == TIMED_OUT % 0.3
+
+
+def test_the_endpoint_s_credentials_go_as_basic_to_its_own_host(
+    admin_client, recording_server, make_worker
+):
+    endpoint = recording_server.url("/hook").replace("http://", "http://alice:pa%40ss@")
+    worker = make_worker(endpoint=endpoint)
+
+    outcome = result(post_test(admin_client, [worker]))
+
+    [request] = recording_server.wait_for(1)
+    assert request.headers["Authorization"] == "Basic " + base64.b64encode(b"alice:pa@ss").decode()
+    assert outcome.endpoint == recording_server.url("/hook").replace("http://", "http://***:***@")
+    assert "pa%40ss" not in str(outcome.sent_headers)

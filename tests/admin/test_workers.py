@@ -29,7 +29,9 @@ def worker_data(**changes):
 
 
 def test_changelist_lists_workers_with_their_queue_counts(admin_client, make_worker, make_queue):
-    billing = make_worker("billing", "https://billing.example.com/in", rps=7, secret="s3cr3t-xyz")
+    billing = make_worker(
+        "billing", "https://billing.example.com/in", rps=7, secret="s3cr3t-xyz-16-bytes"
+    )
     make_worker("idle", "http://127.0.0.1:9000/", active=False)
     make_queue("invoice.*", name="invoices", worker=billing)
     make_queue("refund.#", name="refunds", worker=billing)
@@ -46,7 +48,7 @@ def test_changelist_lists_workers_with_their_queue_counts(admin_client, make_wor
     assert ">0</a>" in rows["idle"]
     assert 'alt="False"' in rows["idle"]  # not active, not signed
     # The secret shows as "signed" and nowhere as text.
-    assert "s3cr3t-xyz" not in response.content.decode()
+    assert "s3cr3t-xyz-16-bytes" not in response.content.decode()
 
 
 def test_changelist_search_finds_by_name_and_endpoint(admin_client, make_worker):
@@ -61,7 +63,9 @@ def test_changelist_search_finds_by_name_and_endpoint(admin_client, make_worker)
 
 
 def test_add_form_creates_the_worker(admin_client, db):
-    response = admin_client.post(url("worker_add"), worker_data(secret="whsec_abc"))
+    response = admin_client.post(
+        url("worker_add"), worker_data(secret="whsec_YWJjZGVmZ2hpamtsbW5vcA")
+    )
 
     assert form_errors(response) == {}
     worker = Worker.objects.get(name="orders")
@@ -72,7 +76,7 @@ def test_add_form_creates_the_worker(admin_client, db):
         5.0,
         True,
     )
-    assert worker.secret == "whsec_abc"
+    assert worker.secret == "whsec_YWJjZGVmZ2hpamtsbW5vcA"
 
 
 @pytest.mark.parametrize(
@@ -117,11 +121,13 @@ def test_duplicate_name_is_a_form_error(admin_client, make_worker):
 
 
 def test_secret_is_never_rendered_back(admin_client, make_worker):
-    worker = make_worker("signed", "https://a.example.com/", secret="whsec_dG9wc2VjcmV0")
+    worker = make_worker(
+        "signed", "https://a.example.com/", secret="whsec_dG9wc2VjcmV0LTE2LWJ5dGVz"
+    )
 
     page = admin_client.get(url("worker_change", worker.pk)).content.decode()
 
-    assert "whsec_dG9wc2VjcmV0" not in page
+    assert "whsec_dG9wc2VjcmV0LTE2LWJ5dGVz" not in page
     assert 'type="password" name="secret"' in page
     assert "A secret is set. Leave blank to keep it" in page
     assert 'name="clear_secret"' in page
@@ -137,13 +143,15 @@ def test_add_form_has_no_clear_secret_box(admin_client, db):
 @pytest.mark.parametrize(
     ("changes", "stored"),
     [
-        ({"secret": ""}, "whsec_old"),  # blank keeps the secret
-        ({"secret": "whsec_new"}, "whsec_new"),
+        ({"secret": ""}, "whsec_b2xkLXNlY3JldC0xNi1ieXRlcw"),  # blank keeps the secret
+        ({"secret": "whsec_bmV3LXNlY3JldC0xNi1ieXRlcw"}, "whsec_bmV3LXNlY3JldC0xNi1ieXRlcw"),
         ({"secret": "", "clear_secret": "on"}, ""),
     ],
 )
 def test_changing_the_secret(admin_client, make_worker, changes, stored):
-    worker = make_worker("orders", "https://orders.example.com/hook", secret="whsec_old")
+    worker = make_worker(
+        "orders", "https://orders.example.com/hook", secret="whsec_b2xkLXNlY3JldC0xNi1ieXRlcw"
+    )
 
     response = admin_client.post(url("worker_change", worker.pk), worker_data(rps="3", **changes))
 
@@ -153,16 +161,18 @@ def test_changing_the_secret(admin_client, make_worker, changes, stored):
 
 
 def test_new_secret_and_clear_together_is_an_error(admin_client, make_worker):
-    worker = make_worker("orders", "https://orders.example.com/hook", secret="whsec_old")
+    worker = make_worker(
+        "orders", "https://orders.example.com/hook", secret="whsec_b2xkLXNlY3JldC0xNi1ieXRlcw"
+    )
 
     response = admin_client.post(
         url("worker_change", worker.pk),
-        worker_data(secret="whsec_new", clear_secret="on"),
+        worker_data(secret="whsec_bmV3LXNlY3JldC0xNi1ieXRlcw", clear_secret="on"),
     )
 
     assert form_errors(response) == {"secret": ["Either type a new secret or remove it, not both."]}
     worker.refresh_from_db()
-    assert worker.secret == "whsec_old"
+    assert worker.secret == "whsec_b2xkLXNlY3JldC0xNi1ieXRlcw"
 
 
 def test_worker_with_queues_cannot_be_deleted(admin_client, make_queue):

@@ -71,7 +71,7 @@ def _standard_webhooks_verify(secret_key: bytes, request) -> bool:
 @pytest.mark.parametrize(
     ("secret", "key"),
     [
-        ("plain secret", b"plain secret"),
+        ("plain raw secret", b"plain raw secret"),
         ("whsec_" + base64.b64encode(b"0123456789abcdef").decode(), b"0123456789abcdef"),
     ],
 )

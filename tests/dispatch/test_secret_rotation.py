@@ -12,7 +12,7 @@ from tests.signatures import receiver_accepts
 
 OLD = "whsec_" + base64.b64encode(b"the old secret, 24 bytes").decode()
 NEW = "whsec_" + base64.b64encode(b"the new secret, 24 bytes").decode()
-RAW = "a raw secret"
+RAW = "a raw secret, 16+ bytes"
 
 
 def _received(request) -> dict[str, bool]:

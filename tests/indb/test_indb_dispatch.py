@@ -29,7 +29,13 @@ WHSEC = "whsec_" + base64.b64encode(b"k" * 24).decode()
 @pytest.mark.parametrize(
     "secrets",
     # The worker's secrets in turn: the last is current; the others retire (rotation).
-    [[""], ["plain"], [WHSEC], [WHSEC, "plain"], ["plain", "", WHSEC]],
+    [
+        [""],
+        ["plain raw secret"],
+        [WHSEC],
+        [WHSEC, "plain raw secret"],
+        ["plain raw secret", "", WHSEC],
+    ],
 )
 def test_sql_headers_match_the_python_dispatcher(pg, make_worker, make_queue, secrets):
     worker = make_worker(secret=secrets[0])

@@ -27,7 +27,7 @@ def _outcomes() -> dict[str, str]:
 
 
 def test_run_headers_follow_the_python_dispatchers_rule(pg, make_worker, make_queue):
-    secrets = ["", "plain", "whsec_" + base64.b64encode(b"r" * 24).decode()]
+    secrets = ["", "plain raw secret", "whsec_" + base64.b64encode(b"r" * 24).decode()]
     for n, secret in enumerate(secrets):
         make_queue(f"k{n}", name=f"runq{n}", worker=make_worker(secret=secret))
     headers = {"tenant": "eu", "count": 3, "pgmb-queue": "spoofed", "crlf": "a\r\nb: 1"}

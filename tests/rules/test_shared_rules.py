@@ -23,6 +23,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -30,7 +31,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 
 import pgmb
-from pgmb import deliveries, durations, models, routing
+from pgmb import deliveries, durations, models, routing, worker_secrets
 from pgmb import worker_request as request
 from pgmb.dispatch import client
 from pgmb.errors import InvalidDelay
@@ -273,6 +274,29 @@ ENDPOINTS = [
     ("HtTpS://a.example.com", True),
     ("http://web:8000/", True),
     ("http://[::1]:8000/x", True),
+    # Issue 26, item 15: a host urllib can split, a port a connection can be made to.
+    ("http://[::1", False),
+    ("http://[::1/x", False),
+    ("http://u:p@[::1/x", False),
+    ("http://[zz]/", False),
+    ("http://[]/", False),
+    ("http://a]/", False),
+    ("http://a[b@h/", False),
+    ("http://u:p@[::ffff:127.0.0.1]:1/", True),
+    ("http://a:99999/", False),
+    ("http://a:65536/", False),
+    ("http://a:0/", False),
+    ("http://a:080/", False),  # no leading zeros
+    ("http://a:8o/", False),
+    ("http://a:1:2/", False),
+    ("http://a:1/", True),
+    ("http://a:65535/", True),
+    ("http://a:/", True),  # an empty port is the scheme's
+    ("http://u:p@h:8443/", True),
+    ("http://a@b@h/", True),  # the last "@" ends the credentials, as urllib reads them
+    ("http://u:p@/x", False),  # credentials and no host
+    ("http://:80/", False),
+    ("https://ドメイン.example:8443/パス", True),
     ("http://a/ünïcode", True),
     ("http://a?q", True),
     ("ftp://a/", False),
@@ -308,6 +332,9 @@ def test_endpoints(endpoint, accepted):
     )
     same_verdict(py, db, endpoint)
     assert py[0] is accepted
+    if accepted:  # what the rule takes, urllib splits, and a connection can be made to
+        parts = urlsplit(endpoint)
+        assert parts.hostname and parts.port in (None, *range(1, 65536))
 
 
 def test_the_endpoint_regex_is_written_out_identically():
@@ -396,6 +423,11 @@ SECRETS = [
     ("whsec_" + b64(b"k" * 24), True),  # no padding needed
     ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", True),  # Standard Webhooks' example
     ("whsec_" + b64(bytes(range(256))[-120:]), True),  # + and / in it
+    ("whsec_" + b64(b"k" * 15), True),  # usable; too short for a new secret
+    ("a" * 15, True),
+    ("a" * 16, True),
+    ("é" * 8, True),  # 16 bytes of UTF-8
+    ("é" * 7 + "a", True),  # 15 bytes
     ("whsec_YQ", True),
     ("whsec_YQ=", True),
     ("whsec_YQ==", True),
@@ -440,18 +472,25 @@ def standard_webhooks_key(secret: str) -> bytes:
 
 @pytest.mark.parametrize(("secret", "accepted"), SECRETS)
 def test_secrets(secret, accepted):
-    py = python(models.validate_secret, secret)
+    """``accepted``: the secret can sign (pgmb.secret_key). A new secret must also hold
+    MIN_SECRET_BYTES bytes of key (pgmb.new_secret_problem, the worker trigger)."""
+    py = python(request.secret_key, secret)
     db = sql("SELECT pgmb.secret_key(%s)", (secret,))
     same_verdict(py, db, secret)
     assert py[0] is accepted
-    assert python(request.secret_key, secret)[0] is accepted
-    # The worker trigger refuses what the rule refuses.
+    # Setting it: the model's validator and the worker trigger give one verdict.
+    new = python(models.validate_secret, secret)
     stored = sql(
         "INSERT INTO pgmb_worker (name, endpoint, rps, secret)"
         " VALUES ('secret_rule', 'http://a/', 1, %s) RETURNING secret",
         (secret,),
     )
-    same_verdict(py, stored, secret)
+    same_verdict(new, stored, secret)
+    long_enough = not accepted or secret == "" or len(py[1]) >= worker_secrets.MIN_SECRET_BYTES
+    assert new[0] is (accepted and long_enough)
+    if accepted and not long_enough:
+        assert "at least 16 bytes" in str(stored[1])
+        assert len(secret) <= len("whsec_") or secret not in str(stored[1])  # never quoted
     if not accepted:
         assert "invalid worker secret" in str(db[1])
         assert len(secret) <= len("whsec_") or secret not in str(db[1])  # never quoted

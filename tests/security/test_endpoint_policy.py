@@ -13,6 +13,7 @@ import socket
 
 import pytest
 
+from pgmb import conf
 from pgmb.dispatch.client import new_session, post
 from tests.httpserver import RecordingServer
 
@@ -138,20 +139,9 @@ def test_several_allowed_addresses_are_raced(loop, settings, pair):
 
 # --- one rule in Python (pgmb.endpoint_policy) and SQL (pgmb.endpoint_refused) ---------
 
-UNTRUSTED = {
-    "allow": [],
-    "deny": [
-        "169.254.0.0/16",
-        "fe80::/10",
-        "127.0.0.0/8",
-        "::1/128",
-        "10.0.0.0/8",
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "fc00::/7",
-    ],
-}
-DEFAULT = {"allow": [], "deny": ["169.254.0.0/16", "fe80::/10"]}
+# The presets themselves (pgmb.conf): the cases say what each must refuse.
+UNTRUSTED = conf.UNTRUSTED_ENDPOINTS
+DEFAULT = conf.DEFAULT_ENDPOINT_POLICY
 CARVED = {"allow": ["10.1.0.0/16"], "deny": ["10.0.0.0/8"]}
 
 CASES = [
@@ -162,6 +152,24 @@ CASES = [
     (DEFAULT, "127.0.0.1", False),
     (DEFAULT, "10.2.3.4", False),
     (DEFAULT, "93.184.216.34", False),
+    # Issue 26, item 15: metadata services outside link-local, and link-local and the
+    # metadata services through NAT64 and 6to4.
+    (DEFAULT, "fd00:ec2::254", True),
+    (DEFAULT, "100.100.100.200", True),
+    (DEFAULT, "64:ff9b::169.254.169.254", True),
+    (DEFAULT, "64:ff9b::100.100.100.200", True),
+    (DEFAULT, "2002:a9fe:a9fe::1", True),
+    (DEFAULT, "2002:6464:64c8::1", True),
+    (DEFAULT, "64:ff9b::93.184.216.34", False),  # NAT64 to a public address
+    (DEFAULT, "2002:5db8:d822::1", False),
+    (DEFAULT, "fd00:ec2::253", False),  # a private address, as 10.0.0.0/8 is
+    (UNTRUSTED, "fd00:ec2::254", True),
+    (UNTRUSTED, "100.100.100.200", True),
+    (UNTRUSTED, "64:ff9b::127.0.0.1", True),
+    (UNTRUSTED, "64:ff9b::10.0.0.1", True),
+    (UNTRUSTED, "64:ff9b:1::a00:1", True),  # local-use NAT64 (RFC 8215)
+    (UNTRUSTED, "2002:7f00:1::1", True),
+    (UNTRUSTED, "2002:c0a8:101::1", True),
     (UNTRUSTED, "127.0.0.1", True),
     (UNTRUSTED, "127.0.0.2", True),
     (UNTRUSTED, "::1", True),
@@ -192,7 +200,6 @@ def test_the_rule_is_one_in_python_and_sql(sql, policy, address, refused):
 
 
 def test_the_untrusted_preset_refuses_what_the_docs_say():
-    from pgmb import conf
     from pgmb.endpoint_policy import Policy
 
     preset = Policy.from_setting(conf.UNTRUSTED_ENDPOINTS)

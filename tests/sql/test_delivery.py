@@ -43,7 +43,7 @@ def _make_due(sql):
 
 
 def test_claim_leases_due_deliveries_with_everything_a_post_needs(make_worker, make_queue, claim):
-    worker = make_worker(rps=1000, secret="s3cret", endpoint="http://127.0.0.1:1/x")
+    worker = make_worker(rps=1000, secret="s3cret raw secret", endpoint="http://127.0.0.1:1/x")
     queue = make_queue("order.*", worker=worker, lease_seconds=30)
     mid = pgmb.send("order.created", {"n": 1}, headers={"h": "v"})
     pgmb.send("order.created", {"n": 2}, delay=3600)
@@ -53,7 +53,11 @@ def test_claim_leases_due_deliveries_with_everything_a_post_needs(make_worker, m
     assert json.loads(row.headers) == {"h": "v"}  # Django's cursor leaves jsonb as text
     assert (row.queue, row.routing_key, row.attempt) == (queue.name, "order.created", 1)
     assert (row.max_attempts, row.last_attempt) == (1 + queue.max_retries, False)
-    assert (row.endpoint, row.secrets, row.rps) == ("http://127.0.0.1:1/x", ["s3cret"], 1000)
+    assert (row.endpoint, row.secrets, row.rps) == (
+        "http://127.0.0.1:1/x",
+        ["s3cret raw secret"],
+        1000,
+    )
     assert (row.timeout, row.lease_seconds, row.worker_id) == (10.0, 30.0, str(worker.pk))
     delivery = Delivery.objects.get(pk=row.delivery_id)
     assert (delivery.state, delivery.attempts, delivery.lease_id) == ("leased", 1, row.lease_id)

@@ -21,7 +21,7 @@ from pgmb.models import Worker, WorkerSecret
 
 A = "whsec_QUFBQUFBQUFBQUFBQUFBQQ=="
 B = "whsec_QkJCQkJCQkJCQkJCQkJCQg"
-C = "a raw secret"
+C = "a raw secret, 16+ bytes"
 D = "another raw secret"
 
 # (current secret, retiring rows as (secret, retired seconds ago, expires in seconds), the

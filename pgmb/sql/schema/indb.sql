@@ -37,14 +37,22 @@ LANGUAGE sql STABLE AS $$
                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome
 $$;
 
+-- The networks the default endpoint policy refuses: pgmb.conf.DEFAULT_ENDPOINT_POLICY's
+-- deny list (link-local, the metadata services, also through NAT64 and 6to4; one table of
+-- cases compares them, tests/rules/test_endpoint_presets.py).
+CREATE OR REPLACE FUNCTION pgmb.default_endpoint_deny() RETURNS cidr[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '{169.254.0.0/16,fe80::/10,fd00:ec2::254/128,100.100.100.200/32,64:ff9b::a9fe:0/112,64:ff9b::6464:64c8/128,2002:a9fe::/32,2002:6464:64c8::/48}'::cidr[]
+$$;
+
 -- The endpoint policy of the in-database path (docs/security.md, Endpoints): the networks
 -- PGMB['ENDPOINT_POLICY'] allows and denies, written by manage.py pgmb_cron install and the
 -- migration (pgmb.indb.write_endpoint_policy); the system check says when it differs from
--- the setting. One row; until written, the default policy (link-local refused).
+-- the setting. One row; until written, the default policy.
 CREATE TABLE IF NOT EXISTS pgmb.endpoint_policy (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     allow cidr[] NOT NULL DEFAULT '{}',
-    deny cidr[] NOT NULL DEFAULT '{169.254.0.0/16,fe80::/10}'
+    deny cidr[] NOT NULL DEFAULT pgmb.default_endpoint_deny()
 );
 INSERT INTO pgmb.endpoint_policy DEFAULT VALUES ON CONFLICT DO NOTHING;
 
@@ -68,7 +76,7 @@ CREATE OR REPLACE FUNCTION pgmb.endpoint_refused(address inet) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT pgmb.endpoint_refused(address, p.allow, p.deny)
                      FROM pgmb.endpoint_policy AS p),
-                    pgmb.endpoint_refused(address, '{}', '{169.254.0.0/16,fe80::/10}'))
+                    pgmb.endpoint_refused(address, '{}', pgmb.default_endpoint_deny()))
 $$;
 
 -- Whether the database's endpoint policy is the default one. pgsql-http resolves, connects
@@ -77,7 +85,7 @@ $$;
 -- documented gap of the default).
 CREATE OR REPLACE FUNCTION pgmb.endpoint_policy_is_default() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT p.allow = '{}' AND p.deny = '{169.254.0.0/16,fe80::/10}'
+    SELECT coalesce((SELECT p.allow = '{}' AND p.deny = pgmb.default_endpoint_deny()
                      FROM pgmb.endpoint_policy AS p), true)
 $$;
 

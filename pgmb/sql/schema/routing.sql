@@ -168,6 +168,26 @@ BEGIN
     RETURN convert_to(secret, 'UTF8');
 END $$;
 
+-- What keeps a secret from being set as a worker's secret now (the worker trigger asks for a
+-- changed one), or NULL: the secret rule (pgmb.secret_problem), then at least 16 bytes of
+-- key (pgmb.worker_secrets.MIN_SECRET_BYTES, the same sentences; tests/rules). A shorter
+-- secret stored before the rule still signs (pgmb.secret_key takes it) while it stays.
+CREATE OR REPLACE FUNCTION pgmb.new_secret_problem(secret text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT coalesce(pgmb.secret_problem(secret),
+                    CASE WHEN secret <> '' AND octet_length(pgmb.secret_key(secret)) < 16
+                         THEN 'a secret must hold at least 16 bytes (the base64 after ''whsec_'' decoded, or the text''s UTF-8 bytes)'
+                    END)
+$$;
+
+-- The most retiring secrets that sign a worker's requests beside its current one
+-- (pgmb.worker_secrets.MAX_RETIRING_SECRETS): each is one more signature a request, one
+-- more HMAC on every path.
+CREATE OR REPLACE FUNCTION pgmb.max_retiring_secrets() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 5
+$$;
+
 -- Rotation (docs/delivery.md, docs/decisions/0038-secret-rotation.md). A worker's secret
 -- replaced by any writer keeps signing, as a retiring secret in pgmb_worker_secret, for
 -- this long, unless its expiry is changed or it is revoked (its row deleted). The default
@@ -180,21 +200,25 @@ $$;
 -- The secrets that sign a worker's requests at time `at`, the one rule for every signing
 -- path (the claim hands them to the external dispatcher and the in-database transports;
 -- the admin's test request asks here): its secret `current` unless empty, then its retiring
--- secrets that have not expired, the most recently retired first. An empty array: the
--- requests are not signed.
+-- secrets that have not expired, the most recently retired first, at most
+-- pgmb.max_retiring_secrets() of them (rows written past the bound, by a direct INSERT
+-- say, sign nothing). An empty array: the requests are not signed.
 CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
 RETURNS text[]
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT array_remove(ARRAY[current], '') || ARRAY(
         SELECT s.secret::text FROM pgmb_worker_secret s
         WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
-        ORDER BY s.retired_at DESC, s.id DESC)
+        ORDER BY s.retired_at DESC, s.id DESC
+        LIMIT pgmb.max_retiring_secrets())
 $$;
 
 -- The worker trigger's part of rotation (models.Worker's worker_retire_secret, on an
 -- UPDATE that changes the secret): the old secret, unless empty or broken (one stored
 -- before the rule, which could not sign), retires for pgmb.secret_overlap(); a secret
--- that becomes current again stops retiring; the worker's expired ones are removed.
+-- that becomes current again stops retiring; the worker's expired ones are removed, and
+-- so are the oldest beyond pgmb.max_retiring_secrets() (300 rotations leave 5 retiring
+-- secrets, not 300 signatures a request).
 CREATE OR REPLACE FUNCTION pgmb.retire_secret(worker_id uuid, old_secret text, new_secret text)
 RETURNS void
 LANGUAGE sql AS $$
@@ -206,6 +230,12 @@ LANGUAGE sql AS $$
     WHERE old_secret <> '' AND pgmb.secret_problem(old_secret) IS NULL
     ON CONFLICT (worker_id, secret)
     DO UPDATE SET retired_at = excluded.retired_at, expires_at = excluded.expires_at;
+    DELETE FROM pgmb_worker_secret s
+    WHERE s.worker_id = retire_secret.worker_id
+      AND s.id NOT IN (SELECT k.id FROM pgmb_worker_secret k
+                       WHERE k.worker_id = retire_secret.worker_id
+                       ORDER BY k.retired_at DESC, k.id DESC
+                       LIMIT pgmb.max_retiring_secrets());
 $$;
 
 -- Removes the retiring secrets that have expired (they sign nothing any more): called by

@@ -112,7 +112,7 @@ CREATE STATISTICS IF NOT EXISTS pgmb.attempt_outcome_status (mcv)
 
 -- The BEFORE INSERT OR UPDATE trigger function of pgmb_worker: the name, endpoint, rate,
 -- timeout and secret rules for every writer (an unchanged endpoint or secret stays
--- accepted), then the circuit breaker's settings (pgmb.check_breaker).
+-- accepted: a row stored before a rule can still be paused), then the circuit breaker's settings (pgmb.check_breaker).
 CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql
     AS $_$
@@ -121,11 +121,12 @@ DECLARE
 BEGIN
     PERFORM pgmb.check_name('worker', w.name);
     IF (w.endpoint IS NULL
-        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
+        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#\[\]\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*@)?(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^/?#@\[\]:\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+)(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])?)?(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
        AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
-        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(w.endpoint), w.name
+        -- Named with its credentials masked: an error text reaches logs and screens.
+        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(pgmb.mask_credentials(w.endpoint)), w.name
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'The endpoint must be an http:// or https:// URL without blanks.';
+                  HINT = 'The endpoint must be an http:// or https:// URL without blanks, its host a name, an IPv4 address or an IPv6 address in brackets, its port (if any) from 1 to 65535.';
     END IF;
     IF w.rps IS NULL OR w.rps <= 0 THEN
         RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
@@ -135,12 +136,12 @@ BEGIN
         RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    problem := pgmb.secret_problem(w.secret);
+    problem := pgmb.new_secret_problem(w.secret);
     IF problem IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
         RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use whsec_ and base64 (padded or not), or a text without control characters.';
+                  HINT = 'Use whsec_ and the base64 of at least 16 bytes (padded or not), or a text of at least 16 bytes without control characters.';
     END IF;
     w := pgmb.check_breaker(w);
     RETURN w;

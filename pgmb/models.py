@@ -95,6 +95,14 @@ def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 
+def _times_outside(*columns: str) -> pgtrigger.Condition:
+    """Whether a row's times break pgmb.valid_time (written out with its constants: a WHEN
+    clause that calls no function costs a publish or a claim next to nothing)."""
+    first, end = "'0001-01-01 00:00:00+00'::timestamptz", "'10000-01-01 00:00:00+00'::timestamptz"
+    inside = " AND ".join(f"NEW.{c} >= {first} AND NEW.{c} < {end}" for c in columns)
+    return pgtrigger.Condition(f"NOT ({inside})")
+
+
 # Defaults of new workers and queues, in one place: each field declares its value both as
 # Django's default (forms, unsaved objects) and as the column's DEFAULT (db_default), so
 # pgmb.worker(), pgmb.create() and plain INSERTs from any client get the same values.
@@ -640,6 +648,21 @@ class Message(models.Model):
                 # Inserted keys are checked by route_messages, once per statement (0029).
                 condition=pgtrigger.Condition("NOT pgmb.valid_routing_key(NEW.routing_key)"),
             ),
+            # Bodies and headers: inserted ones are checked by route_messages, changed ones
+            # here (the limits and reserved names of pgmb.message_problem).
+            _trigger(
+                "check_message_update",
+                when=pgtrigger.Before,
+                operation=pgtrigger.UpdateOf("body", "headers"),
+                condition=pgtrigger.Condition("NOT pgmb.acceptable_message(NEW.body, NEW.headers)"),
+            ),
+            # Times pgmb.valid_time rejects, from any writer (docs/decisions/0053).
+            _trigger(
+                "check_message_times",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert | pgtrigger.UpdateOf("created_at", "available_at"),
+                condition=_times_outside("created_at", "available_at"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -742,6 +765,13 @@ class Delivery(models.Model):
                 when=pgtrigger.After,
                 operation=pgtrigger.Delete,
                 condition=pgtrigger.Condition("OLD.group_key IS NOT NULL OR OLD.dependents"),
+            ),
+            # Times pgmb.valid_time rejects, from any writer (docs/decisions/0053).
+            _trigger(
+                "check_delivery_times",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert | pgtrigger.UpdateOf("created_at", "available_at"),
+                condition=_times_outside("created_at", "available_at"),
             ),
         ]
 

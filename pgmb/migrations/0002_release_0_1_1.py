@@ -1,3 +1,5 @@
+import pgtrigger.compiler
+import pgtrigger.migrations
 from django.db import migrations
 
 from pgmb.sql.operations import RunMigrationSQL, RunPlpythonSQL
@@ -16,4 +18,50 @@ class Migration(migrations.Migration):
     operations = [
         RunMigrationSQL("0002_release_0_1_1"),
         RunPlpythonSQL("0002_release_0_1_1_plpython", previous="0001_initial_plpython"),
+        # Publishing: times (0053) and message limits on every write, not only INSERT.
+        pgtrigger.migrations.AddTrigger(
+            model_name="delivery",
+            trigger=pgtrigger.compiler.Trigger(
+                name="check_delivery_times",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz))",
+                    func="-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).\nPERFORM pgmb.refuse_times('pgmb_delivery', NEW.id::text, NEW.created_at, NEW.available_at);\nRETURN NEW;",
+                    hash="919b245f47f36da4feeca1539e7a6d8ad7e3010a",
+                    operation='INSERT OR UPDATE OF "created_at", "available_at"',
+                    pgid="pgtrigger_check_delivery_times_a827b",
+                    table="pgmb_delivery",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="check_message_update",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NOT pgmb.acceptable_message(NEW.body, NEW.headers))",
+                    func="-- Only an UPDATE that gives a message a body or headers the limits reject gets here (the\n-- trigger's WHEN): the rule route_messages holds for inserts, for every writer.\nPERFORM pgmb.refuse_message(NEW.id, NEW.routing_key, NEW.body, NEW.headers);\nRETURN NEW;",
+                    hash="4e0cd322325deff498e6e2b9fd05d14e086fe867",
+                    operation='UPDATE OF "body", "headers"',
+                    pgid="pgtrigger_check_message_update_d3f59",
+                    table="pgmb_message",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="check_message_times",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz))",
+                    func="-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).\nPERFORM pgmb.refuse_times('pgmb_message', NEW.id::text, NEW.created_at, NEW.available_at);\nRETURN NEW;",
+                    hash="b714bb4695516e2f6c28d0ebd383c1666082e6fc",
+                    operation='INSERT OR UPDATE OF "created_at", "available_at"',
+                    pgid="pgtrigger_check_message_times_9f153",
+                    table="pgmb_message",
+                    when="BEFORE",
+                ),
+            ),
+        ),
     ]

@@ -104,3 +104,19 @@ RETURN NULL;
 -- Only an UPDATE that changes the secret gets here (the trigger's WHEN).
 PERFORM pgmb.retire_secret(NEW.id, OLD.secret, NEW.secret);
 RETURN NULL;
+
+-- name: check_message_update
+-- Only an UPDATE that gives a message a body or headers the limits reject gets here (the
+-- trigger's WHEN): the rule route_messages holds for inserts, for every writer.
+PERFORM pgmb.refuse_message(NEW.id, NEW.routing_key, NEW.body, NEW.headers);
+RETURN NEW;
+
+-- name: check_message_times
+-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).
+PERFORM pgmb.refuse_times('pgmb_message', NEW.id::text, NEW.created_at, NEW.available_at);
+RETURN NEW;
+
+-- name: check_delivery_times
+-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).
+PERFORM pgmb.refuse_times('pgmb_delivery', NEW.id::text, NEW.created_at, NEW.available_at);
+RETURN NEW;

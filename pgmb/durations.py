@@ -69,7 +69,8 @@ def check_time(moment: datetime) -> datetime:
         moment.astimezone(timezone.utc)
     except OverflowError:
         raise InvalidDelay(
-            f"invalid delay {moment.isoformat()}: a time must be from the year 1 to the year 9999 (UTC)"
+            f"invalid delay {moment.isoformat()}: "
+            "a time must be from the year 1 to the year 9999 (UTC)"
         ) from None
     return moment
 

@@ -19,7 +19,6 @@ import pgmb
 from pgmb.durations import check_time, parse_delay
 from pgmb.errors import InvalidDelay
 from pgmb.models import Delivery, Message, Queue
-from tests.roles import login_role, owner  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,9 +55,12 @@ def _sql(text: str) -> bool:
         cursor.execute("SELECT pgmb.valid_time(%s::timestamptz)", [text])
         (valid,) = cursor.fetchone()
     if not valid:
-        with pytest.raises(Exception, match="invalid delay") as refused, transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pgmb.check_time(%s::timestamptz)", [text])
+        with (
+            pytest.raises(Exception, match="invalid delay") as refused,
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("SELECT pgmb.check_time(%s::timestamptz)", [text])
         assert refused.value.__cause__.sqlstate == "22023"
     return bool(valid)
 
@@ -129,12 +131,15 @@ def test_a_plain_insert_and_copy_are_refused(queues, owner, column, text):
         "23514",
         "pgmb_message_times_valid",
     )
-    with pytest.raises(psycopg.errors.CheckViolation, match=f"{column} "):
-        with owner.cursor() as cursor, owner.transaction():
-            copy_in = f"COPY pgmb_message (id, routing_key, body, {column}, {other}) FROM STDIN"
-            with cursor.copy(copy_in) as copy:
-                copy.write_row((uuid.uuid4(), "k", "1", "now", "now"))
-                copy.write_row((uuid.uuid4(), "k", "1", text, "now"))
+    copy_in = f"COPY pgmb_message (id, routing_key, body, {column}, {other}) FROM STDIN"
+    with (
+        pytest.raises(psycopg.errors.CheckViolation, match=f"{column} "),
+        owner.cursor() as cursor,
+        owner.transaction(),
+        cursor.copy(copy_in) as copy,
+    ):
+        copy.write_row((uuid.uuid4(), "k", "1", "now", "now"))
+        copy.write_row((uuid.uuid4(), "k", "1", text, "now"))
     assert Message.objects.count() == 0 and Delivery.objects.count() == 0
 
 

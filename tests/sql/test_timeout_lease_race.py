@@ -10,8 +10,6 @@ one waits for (pg_stat_activity), never by the clock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-
 import psycopg
 import pytest
 
@@ -47,13 +45,16 @@ def _interleave(first: tuple[str, object], second: tuple[str, object]) -> BaseEx
 
         thread = threading.Thread(target=run_second)
         thread.start()
+
         # Waiting for the first (or, without the lock, already done: 0.1.0 let it commit).
-        waiting: Callable[[], bool] = lambda: (
-            not thread.is_alive()
-            or watcher.execute(  # noqa: E731
+        def waiting() -> bool:
+            if not thread.is_alive():
+                return True
+            (locked,) = watcher.execute(
                 "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
-            ).fetchone()[0]
-        )
+            ).fetchone()
+            return bool(locked)
+
         wait_until(waiting, message="the second writer to wait for the first")
         one.commit()
         thread.join(DEADLINE)

@@ -10,6 +10,7 @@ one waits for (pg_stat_activity), never by the clock.
 from __future__ import annotations
 
 import threading
+
 import psycopg
 import pytest
 

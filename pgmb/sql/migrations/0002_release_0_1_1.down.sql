@@ -233,6 +233,20 @@ DROP FUNCTION IF EXISTS pgmb.check_time(timestamptz);
 DROP FUNCTION IF EXISTS pgmb.valid_time(timestamptz);
 ALTER TABLE pgmb_message DROP COLUMN IF EXISTS producer;
 
+-- The functions django-pgtrigger leaves behind once it has dropped this migration's
+-- triggers (check_message_update, check_message_times, check_delivery_times).
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.proname ~ '^pgtrigger_(check_message_update|check_message_times|check_delivery_times)_[0-9a-f]+$'
+    LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
+END $$;
+
 
 -- ==== Console: endpoints and secrets ====
 

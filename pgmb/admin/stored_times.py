@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from django.db.models import Case, DateTimeField, F, Q, QuerySet, TextField, Value, When
+from django.db.models import (
+    Case,
+    DateTimeField,
+    Expression,
+    F,
+    Q,
+    QuerySet,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.functions import Cast, Greatest, Least
 
 #: A day inside what a ``datetime`` holds at either end, so that showing a time in any
@@ -28,7 +38,7 @@ CLAMPED = "{}_clamped"
 def readable_times(queryset: QuerySet, *fields: str) -> QuerySet:
     """``queryset`` with ``fields`` (time columns) deferred and readable through
     :func:`shown_time` and :func:`comparable_time`, whatever they hold."""
-    annotations = {}
+    annotations: dict[str, Expression] = {}
     for field in fields:
         inside = Q(**{f"{field}__gte": FIRST, f"{field}__lt": LAST})
         annotations[SHOWN.format(field)] = Case(

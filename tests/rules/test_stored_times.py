@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 import pgmb
 from pgmb.durations import check_time, parse_delay
@@ -120,6 +120,13 @@ def test_sql_send_refuses_as_a_producer(queues, login_role, text):
 
 
 @pytest.mark.parametrize("column", ["available_at", "created_at"])
+@pytest.mark.parametrize("moment", OUTSIDE, ids=["year-10000-utc", "year-0-utc"])
+def test_the_orm_is_refused_by_the_database(queues, moment):
+    with pytest.raises(IntegrityError, match="pgmb_message_times_valid"), transaction.atomic():
+        Message.objects.create(routing_key="k", body=1, available_at=moment)
+    assert Message.objects.count() == 0
+
+
 @pytest.mark.parametrize("text", ["infinity", "-infinity", "294276-12-31 23:59:59+00"])
 def test_a_plain_insert_and_copy_are_refused(queues, owner, column, text):
     other = "created_at" if column == "available_at" else "available_at"

@@ -95,12 +95,12 @@ def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 
-def _times_outside(*columns: str) -> pgtrigger.Condition:
-    """Whether a row's times break pgmb.valid_time (written out with its constants: a WHEN
-    clause that calls no function costs a publish or a claim next to nothing)."""
+def _times_outside(*columns: str) -> str:
+    """Whether a row's times break pgmb.valid_time, as a trigger's WHEN (written out with
+    its constants: it calls no function)."""
     first, end = "'0001-01-01 00:00:00+00'::timestamptz", "'10000-01-01 00:00:00+00'::timestamptz"
     inside = " AND ".join(f"NEW.{c} >= {first} AND NEW.{c} < {end}" for c in columns)
-    return pgtrigger.Condition(f"NOT ({inside})")
+    return f"NOT ({inside})"
 
 
 # Defaults of new workers and queues, in one place: each field declares its value both as
@@ -634,11 +634,14 @@ class Message(models.Model):
                 "admit_message",
                 when=pgtrigger.Before,
                 operation=pgtrigger.Insert,
-                # Every option column: the option rules run here (pgmb/sql/schema/publish.sql).
+                # Every option column: the option rules run here (pgmb/sql/schema/publish.sql);
+                # and the times (docs/decisions/0053): one WHEN of an existing trigger costs
+                # a publish less than a trigger of their own.
                 condition=pgtrigger.Condition(
                     "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
                     " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
-                    " OR NEW.retry_delay IS NOT NULL"
+                    " OR NEW.retry_delay IS NOT NULL OR "
+                    + _times_outside("created_at", "available_at")
                 ),
             ),
             _trigger(
@@ -656,12 +659,12 @@ class Message(models.Model):
                 operation=pgtrigger.UpdateOf("body", "headers"),
                 condition=pgtrigger.Condition("NOT pgmb.acceptable_message(NEW.body, NEW.headers)"),
             ),
-            # Times pgmb.valid_time rejects, from any writer (docs/decisions/0053).
+            # Times pgmb.valid_time rejects, changed by any writer (inserted ones: admit_message).
             _trigger(
                 "check_message_times",
                 when=pgtrigger.Before,
-                operation=pgtrigger.Insert | pgtrigger.UpdateOf("created_at", "available_at"),
-                condition=_times_outside("created_at", "available_at"),
+                operation=pgtrigger.UpdateOf("created_at", "available_at"),
+                condition=pgtrigger.Condition(_times_outside("created_at", "available_at")),
             ),
         ]
 
@@ -766,12 +769,13 @@ class Delivery(models.Model):
                 operation=pgtrigger.Delete,
                 condition=pgtrigger.Condition("OLD.group_key IS NOT NULL OR OLD.dependents"),
             ),
-            # Times pgmb.valid_time rejects, from any writer (docs/decisions/0053).
+            # Times pgmb.valid_time rejects, changed by any writer. Deliveries are inserted by
+            # pgmb from messages whose times were checked (routing, requeue, replay).
             _trigger(
                 "check_delivery_times",
                 when=pgtrigger.Before,
-                operation=pgtrigger.Insert | pgtrigger.UpdateOf("created_at", "available_at"),
-                condition=_times_outside("created_at", "available_at"),
+                operation=pgtrigger.UpdateOf("created_at", "available_at"),
+                condition=pgtrigger.Condition(_times_outside("created_at", "available_at")),
             ),
         ]
 

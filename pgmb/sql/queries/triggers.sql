@@ -84,7 +84,8 @@ PERFORM pgmb.refuse_routing_key(NEW.routing_key);
 RETURN NEW;
 
 -- name: admit_message
--- Only messages with an option other than priority get here (the trigger's WHEN).
+-- Only messages with an option other than priority, or with a time pgmb.valid_time
+-- rejects, get here (the trigger's WHEN).
 RETURN pgmb.admit_message(NEW);
 
 -- name: hold_delivery

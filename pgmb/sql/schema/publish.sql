@@ -230,8 +230,8 @@ LANGUAGE sql STABLE AS $$
     ORDER BY x.created_at DESC, x.id DESC LIMIT 1
 $$;
 
--- Before each message with dependencies or a de-duplication id is stored (the admit_message
--- trigger's WHEN): enforces the options rule (as the check pgmb_message_options_valid,
+-- Before each message with options, or with times pgmb.valid_time rejects, is stored (the
+-- admit_message trigger's WHEN): refuses such times (pgmb.refuse_times), enforces the options rule (as the check pgmb_message_options_valid,
 -- with that name), refuses unknown dependencies (to a caller that may read messages; to
 -- any other, a dependency on a message it did not publish counts as settled and is left
 -- out, so that it cannot probe for ids: docs/decisions/0055-dependencies-on-own-messages.md),
@@ -248,6 +248,10 @@ DECLARE
     problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
                                                  m.dedup_id, m.max_retries, m.retry_delay);
 BEGIN
+    -- Its times (the trigger's WHEN lets in a message without options for them).
+    IF NOT (pgmb.valid_time(m.created_at) AND pgmb.valid_time(m.available_at)) THEN
+        PERFORM pgmb.refuse_times('pgmb_message', m.id::text, m.created_at, m.available_at);
+    END IF;
     -- The options rule, reported as a check violation of pgmb_message_options_valid.
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem

@@ -54,6 +54,27 @@ def check_seconds(seconds: float, text: object = None) -> float:
     return float(seconds)
 
 
+def check_time(moment: datetime) -> datetime:
+    """Return ``moment`` if it is a time pgmb stores, else raise :class:`InvalidDelay`.
+
+    The time rule, the same as ``pgmb.valid_time()`` in SQL: aware, and from the year 1 to
+    before the year 10000 in UTC (what a ``datetime`` holds there; PostgreSQL's infinities and
+    years past 9999 are refused in SQL, and no ``datetime`` can carry them).
+    """
+    if not isinstance(moment, datetime):
+        raise InvalidDelay(f"invalid delay {moment!r}: {_HELP}")
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidDelay(f"delay {moment.isoformat()} must be timezone-aware")
+    try:
+        moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidDelay(
+            f"invalid delay {moment.isoformat()}: "
+            "a time must be from the year 1 to the year 9999 (UTC)"
+        ) from None
+    return moment
+
+
 def _duration(text: str) -> float:
     """Seconds of a ``1h30m``-style duration already matched by ``_DURATION``."""
     negative = text.startswith("-")
@@ -87,7 +108,7 @@ def _iso(text: str) -> datetime:
             f"invalid delay {text!r}: the time has no time zone; add one, "
             "such as +00:00 or Z, so that it means the same moment everywhere"
         )
-    return moment
+    return check_time(moment)
 
 
 def parse_delay(text: str) -> float | datetime:

@@ -110,6 +110,14 @@ def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 
+def _times_outside(*columns: str) -> str:
+    """Whether a row's times break pgmb.valid_time, as a trigger's WHEN (written out with
+    its constants: it calls no function)."""
+    first, end = "'0001-01-01 00:00:00+00'::timestamptz", "'10000-01-01 00:00:00+00'::timestamptz"
+    inside = " AND ".join(f"NEW.{c} >= {first} AND NEW.{c} < {end}" for c in columns)
+    return f"NOT ({inside})"
+
+
 # Defaults of new workers and queues, in one place: each field declares its value both as
 # Django's default (forms, unsaved objects) and as the column's DEFAULT (db_default), so
 # pgmb.worker(), pgmb.create() and plain INSERTs from any client get the same values.
@@ -641,11 +649,14 @@ class Message(models.Model):
                 "admit_message",
                 when=pgtrigger.Before,
                 operation=pgtrigger.Insert,
-                # Every option column: the option rules run here (pgmb/sql/schema/publish.sql).
+                # Every option column: the option rules run here (pgmb/sql/schema/publish.sql);
+                # and the times (docs/decisions/0053): one WHEN of an existing trigger costs
+                # a publish less than a trigger of their own.
                 condition=pgtrigger.Condition(
                     "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
                     " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
-                    " OR NEW.retry_delay IS NOT NULL"
+                    " OR NEW.retry_delay IS NOT NULL OR "
+                    + _times_outside("created_at", "available_at")
                 ),
             ),
             _trigger(
@@ -654,6 +665,21 @@ class Message(models.Model):
                 operation=pgtrigger.UpdateOf("routing_key"),
                 # Inserted keys are checked by route_messages, once per statement (0029).
                 condition=pgtrigger.Condition("NOT pgmb.valid_routing_key(NEW.routing_key)"),
+            ),
+            # Bodies and headers: inserted ones are checked by route_messages, changed ones
+            # here (the limits and reserved names of pgmb.message_problem).
+            _trigger(
+                "check_message_update",
+                when=pgtrigger.Before,
+                operation=pgtrigger.UpdateOf("body", "headers"),
+                condition=pgtrigger.Condition("NOT pgmb.acceptable_message(NEW.body, NEW.headers)"),
+            ),
+            # Times pgmb.valid_time rejects, changed by any writer (inserted ones: admit_message).
+            _trigger(
+                "check_message_times",
+                when=pgtrigger.Before,
+                operation=pgtrigger.UpdateOf("created_at", "available_at"),
+                condition=pgtrigger.Condition(_times_outside("created_at", "available_at")),
             ),
         ]
 
@@ -757,6 +783,14 @@ class Delivery(models.Model):
                 when=pgtrigger.After,
                 operation=pgtrigger.Delete,
                 condition=pgtrigger.Condition("OLD.group_key IS NOT NULL OR OLD.dependents"),
+            ),
+            # Times pgmb.valid_time rejects, changed by any writer. Deliveries are inserted by
+            # pgmb from messages whose times were checked (routing, requeue, replay).
+            _trigger(
+                "check_delivery_times",
+                when=pgtrigger.Before,
+                operation=pgtrigger.UpdateOf("created_at", "available_at"),
+                condition=pgtrigger.Condition(_times_outside("created_at", "available_at")),
             ),
         ]
 

@@ -17,7 +17,7 @@ from typing import Any, Union
 from django.db import IntegrityError, connections
 
 from . import conf, sql
-from .durations import check_seconds
+from .durations import check_seconds, check_time
 from .errors import DuplicateMessage, InvalidBody, InvalidDelay, UnknownDependency
 from .ids import uuid7
 from .message_limits import body_problem, headers_problem
@@ -79,9 +79,8 @@ def _delay(delay: Delay) -> tuple[float | None, datetime | None]:
     if delay is None:
         return None, None
     if isinstance(delay, datetime):
-        if delay.tzinfo is None or delay.utcoffset() is None:
-            raise InvalidDelay(f"delay {delay.isoformat()} must be timezone-aware")
-        return None, delay
+        # The time rule (aware, within the years 1 to 9999 in UTC), as pgmb.valid_time() in SQL.
+        return None, check_time(delay)
     if isinstance(delay, timedelta):
         delay = delay.total_seconds()
     if isinstance(delay, bool) or not isinstance(delay, (int, float)):

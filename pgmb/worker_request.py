@@ -34,7 +34,8 @@ from urllib.parse import quote
 
 #: Headers a message may not set (publish refuses them, delivery drops them from rows stored
 #: before the rule): HTTP's framing and encoding, what a receiver or a proxy in front of it
-#: trusts (credentials, client address), and what pgmb sets on every request. The same list
+#: or its framework trusts (credentials, the client's address, the proxies passed, the method
+#: or URL to act on instead), and what pgmb sets on every request. The same list
 #: as pgmb.reserved_header() in SQL (tests/rules checks both with one table of cases).
 RESERVED = frozenset(
     {
@@ -55,6 +56,17 @@ RESERVED = frozenset(
         "proxy-authorization",
         "cookie",
         "forwarded",
+        "x-forwarded",
+        "via",
+        "x-real-ip",
+        "true-client-ip",
+        "x-client-ip",
+        "cf-connecting-ip",
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-url",
+        "x-rewrite-url",
     }
 )
 #: Prefixes of reserved names: pgmb's own headers, the signature's, and the proxies'.

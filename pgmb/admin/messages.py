@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib import admin
@@ -40,6 +41,7 @@ from .common import (
     routing_key_of,
 )
 from .paginator import EstimatedCountPaginator
+from .stored_times import comparable_time, readable_times, shown_time
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import BaseModelAdmin
@@ -62,6 +64,28 @@ if TYPE_CHECKING:
     _ColumnsBase = BaseModelAdmin[Any]
 else:
     _ColumnsBase = object
+
+
+class _TimeColumns:
+    """The created and due times of a message or a delivery, whatever is stored
+    (:mod:`pgmb.admin.stored_times`): a list or page that shows them reads them through
+    :func:`_with_times`."""
+
+    @admin.display(description=_("created at"), ordering="created_at")
+    def created_time(self, obj: Message | Delivery) -> datetime | str:
+        return shown_time(obj, "created_at")
+
+    @admin.display(description=_("available at"), ordering="available_at")
+    def available_time(self, obj: Message | Delivery) -> datetime | str:
+        return shown_time(obj, "available_at")
+
+
+def _with_times(queryset: QuerySet) -> QuerySet:
+    return readable_times(queryset, "created_at", "available_at")
+
+
+def _status(obj: Delivery) -> str:
+    return delivery_status(obj.state, comparable_time(obj, "available_at"))
 
 
 def _duration(obj: Attempt) -> str:
@@ -117,18 +141,18 @@ class RoutedFilter(admin.SimpleListFilter):
         return None
 
 
-class DeliveryInline(ReadOnlyInline):
+class DeliveryInline(_TimeColumns, ReadOnlyInline):
     model = Delivery
     verbose_name_plural = _("live deliveries")
-    fields = ("queue", "status", "attempts", "available_at", "created_at")
+    fields = ("queue", "status", "attempts", "available_time", "created_time")
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).select_related("queue")
+        return _with_times(super().get_queryset(request).select_related("queue"))
 
     @admin.display(description=_("status"))
     def status(self, obj: Delivery) -> str:
-        return delivery_status(obj.state, obj.available_at)
+        return _status(obj)
 
 
 class DeadLetterInline(ReadOnlyInline):
@@ -172,9 +196,9 @@ class AttemptInline(_AttemptColumns, ReadOnlyInline):
 
 
 @admin.register(Message)
-class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
+class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, _TimeColumns, admin.ModelAdmin):
     message_id_field = "id"
-    list_display = ("id", "routing_key", "created_at", "available_at", "is_routed")
+    list_display = ("id", "routing_key", "created_time", "available_time", "is_routed")
     list_filter = (RoutedFilter, "created_at")
     # Searched by MessageSearchMixin (search_fields only turns the search box on).
     search_fields = ("routing_key",)
@@ -185,12 +209,12 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     list_per_page = 100
     # Only orderings an index serves (pgmb_message_created): any other sorts the table.
-    sortable_by = ("created_at",)
+    sortable_by = ("created_time",)
     fields = (
         "id",
         "routing_key",
-        "created_at",
-        "available_at",
+        "created_time",
+        "available_time",
         "is_routed",
         "pretty_body",
         "pretty_headers",
@@ -210,7 +234,8 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
         # The body and headers are never parsed by the JSON field (json.loads recurses: a
         # body stored nested thousands deep raised RecursionError): the list does not show
         # them, the message's page reads them as text (_stored_json).
-        return super().get_queryset(request).defer("body", "headers")
+        # The times are read as text where no datetime holds them (_with_times).
+        return _with_times(super().get_queryset(request).defer("body", "headers"))
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         cl = super().get_changelist_instance(request)
@@ -329,7 +354,7 @@ class _ByMessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(_ByMessageAdmin):
+class DeliveryAdmin(_TimeColumns, _ByMessageAdmin):
     list_display = (
         "id",
         "message_ref",
@@ -338,8 +363,8 @@ class DeliveryAdmin(_ByMessageAdmin):
         "priority",
         "group_key",
         "attempts",
-        "available_at",
-        "created_at",
+        "available_time",
+        "created_time",
     )
     list_filter = (
         filters.DeliveryStatusFilter,
@@ -353,9 +378,12 @@ class DeliveryAdmin(_ByMessageAdmin):
     ordering = ("id",)
     sortable_by = ("id",)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return _with_times(super().get_queryset(request))
+
     @admin.display(description=_("status"))
     def status(self, obj: Delivery) -> str:
-        return delivery_status(obj.state, obj.available_at)
+        return _status(obj)
 
 
 @admin.register(DeadLetter)

@@ -255,7 +255,7 @@ def test_unrouted_filter_looks_among_the_newest_messages(admin_client, world, mo
 @pytest.mark.parametrize(
     ("page", "sortable"),
     [
-        ("message", {"created_at"}),
+        ("message", {"created_time"}),  # the column of created_at (pgmb.admin.stored_times)
         ("delivery", {"id"}),
         ("deadletter", {"id", "created_at"}),
         ("attempt", {"created_at"}),

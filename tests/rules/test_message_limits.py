@@ -82,7 +82,22 @@ CASES: list[tuple[Any, dict, bool]] = [
     (1, {"pgmb-queue": "spoofed"}, False),
     (1, {"PGMB-Attempt": "9"}, False),
     (1, {"webhook-signature": "v1,forged"}, False),
-    (1, {"X-Forwarded": "1"}, True),  # not a prefix match: no dash after it
+    # What proxies and frameworks trust besides X-Forwarded-*: the client's address, the
+    # proxies passed, the method or URL to act on instead (issue 26).
+    (1, {"X-Forwarded": "for=10.0.0.1"}, False),
+    (1, {"X-Real-IP": "10.0.0.1"}, False),
+    (1, {"True-Client-IP": "10.0.0.1"}, False),
+    (1, {"x-client-ip": "10.0.0.1"}, False),
+    (1, {"CF-Connecting-IP": "10.0.0.1"}, False),
+    (1, {"Via": "1.1 internal-proxy"}, False),
+    (1, {"X-HTTP-Method-Override": "DELETE"}, False),
+    (1, {"X-HTTP-Method": "DELETE"}, False),
+    (1, {"X-Method-Override": "DELETE"}, False),
+    (1, {"X-Original-URL": "/admin"}, False),
+    (1, {"X-Rewrite-URL": "/admin"}, False),
+    (1, {"X-Forwardedx": "1"}, True),  # not a prefix match: no dash after it
+    (1, {"Vias": "x"}, True),
+    (1, {"X-Real-IPs": "x"}, True),
     (1, {"Authorizations": "x"}, True),
     (1, {"Cookies": "x"}, True),
 ]
@@ -191,3 +206,25 @@ def test_what_passes_is_published_with_its_headers(make_queue):
     mid = pgmb.send("k", nested(64), headers=headers)
     assert Message.objects.get(id=mid).headers == headers
     assert Delivery.objects.filter(message_id=mid).count() == 1
+
+
+@pytest.mark.parametrize(("body", "headers", "constraint", "words"), BAD)
+def test_an_update_is_held_to_the_same_limits(make_queue, body, headers, constraint, words):
+    """Issue 26: the limits held for INSERT and COPY only; an UPDATE by a role that may
+    write the table (pgmb_admin, the owner) stored what publishing refuses."""
+    make_queue("#")
+    mid = pgmb.send("k", {"n": 1}, headers={"tenant": "a"})
+    b, h = json.dumps(body), json.dumps(headers)
+    column, value = ("body", b) if constraint == "pgmb_message_body_valid" else ("headers", h)
+    _refused_by(
+        f"UPDATE pgmb_message SET {column} = %s::jsonb WHERE id = %s",
+        (value, mid),
+        constraint,
+        words,
+    )
+    stored = Message.objects.get(id=mid)
+    assert (stored.body, stored.headers) == ({"n": 1}, {"tenant": "a"})
+    # An update within the limits goes through.
+    with connection.cursor() as cursor:
+        cursor.execute('UPDATE pgmb_message SET headers = \'{"tenant": "b"}\' WHERE id = %s', [mid])
+    assert Message.objects.get(id=mid).headers == {"tenant": "b"}

@@ -32,6 +32,9 @@ CALLS: dict[str, str] = {
     "pgmb.send(uuid,text,jsonb,jsonb,timestamp with time zone,integer,text,uuid[],text,"
     "integer,double precision)": "SELECT pgmb.send(gen_random_uuid(), 'job.run', '{}'::jsonb,"
     " '{}'::jsonb, now(), 0, 'g', NULL, 'dedup-1', 1, 1.0)",
+    "pgmb.send(uuid,text,jsonb,jsonb,integer)": (
+        "SELECT pgmb.send(gen_random_uuid(), 'job.run', '{}'::jsonb, '{}'::jsonb, 5)"
+    ),
     "pgmb.read(text,double precision,integer,jsonb)": (
         "SELECT * FROM pgmb.read(%(q)s, 30, 1, '{\"body\": {}}')"
     ),

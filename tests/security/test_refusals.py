@@ -62,15 +62,15 @@ def test_the_owner_is_still_told_that_an_id_is_taken(owner, make_queue):
 
 def test_a_producer_is_not_told_the_id_of_the_message_its_own_duplicates(make_queue, login_role):
     make_queue("order.#", dedup_window=3600)
-    first = pgmb.send("order.created", {"n": 1}, dedup_id="order-7")
     _, producer = login_role("pgmb_producer")
-    mine = uuid.uuid4()
+    first, mine = uuid.uuid4(), uuid.uuid4()
+    send = (
+        "SELECT pgmb.send(%s, 'order.created', %s::jsonb, NULL::jsonb, NULL::timestamptz,"
+        " dedup_id => 'order-7')"
+    )
+    producer.execute(send, [first, '{"n": 1}'])
 
-    (answer,) = producer.execute(
-        "SELECT pgmb.send(%s, 'order.created', '{\"n\": 2}'::jsonb, NULL::jsonb, NULL::timestamptz,"
-        " dedup_id => 'order-7')",
-        [mine],
-    ).fetchone()
+    (answer,) = producer.execute(send, [mine, '{"n": 2}']).fetchone()
 
     assert answer == mine != first
     assert list(Message.objects.values_list("pk", flat=True)) == [first]

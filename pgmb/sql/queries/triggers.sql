@@ -84,7 +84,8 @@ PERFORM pgmb.refuse_routing_key(NEW.routing_key);
 RETURN NEW;
 
 -- name: admit_message
--- Only messages with an option other than priority get here (the trigger's WHEN).
+-- Only messages with an option other than priority, or with a time pgmb.valid_time
+-- rejects, get here (the trigger's WHEN).
 RETURN pgmb.admit_message(NEW);
 
 -- name: hold_delivery
@@ -104,3 +105,19 @@ RETURN NULL;
 -- Only an UPDATE that changes the secret gets here (the trigger's WHEN).
 PERFORM pgmb.retire_secret(NEW.id, OLD.secret, NEW.secret);
 RETURN NULL;
+
+-- name: check_message_update
+-- Only an UPDATE that gives a message a body or headers the limits reject gets here (the
+-- trigger's WHEN): the rule route_messages holds for inserts, for every writer.
+PERFORM pgmb.refuse_message(NEW.id, NEW.routing_key, NEW.body, NEW.headers);
+RETURN NEW;
+
+-- name: check_message_times
+-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).
+PERFORM pgmb.refuse_times('pgmb_message', NEW.id::text, NEW.created_at, NEW.available_at);
+RETURN NEW;
+
+-- name: check_delivery_times
+-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).
+PERFORM pgmb.refuse_times('pgmb_delivery', NEW.id::text, NEW.created_at, NEW.available_at);
+RETURN NEW;

@@ -84,12 +84,13 @@ BEGIN
 END $$;
 
 -- Whether a message may not set this header (any case): HTTP's framing and encoding, what
--- a receiver or a proxy in front of it trusts, and what pgmb sets itself. The same list as
+-- a receiver, a proxy in front of it or its framework trusts (the client's address, the
+-- method or URL to act on, the proxies passed), and what pgmb sets itself. The same list as
 -- pgmb/worker_request.py RESERVED and RESERVED_PREFIXES (tests/rules, one table of cases);
 -- pgmb.message_problem refuses these at publish, pgmb.run_headers drops them at delivery.
 CREATE OR REPLACE FUNCTION pgmb.reserved_header(name text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT lower(name) = ANY ('{host,content-type,content-length,content-encoding,connection,transfer-encoding,expect,upgrade,te,trailer,keep-alive,proxy-connection,user-agent,authorization,proxy-authorization,cookie,forwarded}'::text[])
+AS $$ SELECT lower(name) = ANY ('{host,content-type,content-length,content-encoding,connection,transfer-encoding,expect,upgrade,te,trailer,keep-alive,proxy-connection,user-agent,authorization,proxy-authorization,cookie,forwarded,x-forwarded,via,x-real-ip,true-client-ip,x-client-ip,cf-connecting-ip,x-http-method-override,x-http-method,x-method-override,x-original-url,x-rewrite-url}'::text[])
              OR lower(name) LIKE 'pgmb-%' OR lower(name) LIKE 'webhook-%' OR lower(name) LIKE 'x-forwarded-%' $$;
 
 -- Why a message's body or headers are refused, or NULL: the rule of pgmb/message_limits.py
@@ -169,27 +170,59 @@ BEGIN
                                 ELSE 'pgmb_message_headers_valid' END;
 END $$;
 
--- The messages that a message with this dedup id, created then, duplicates for a queue of
--- this dedup window and pattern: those with the same dedup id, created within the window,
--- whose routing key the queue's binding matches. De-duplication is per queue
--- (docs/decisions/0032-dedup-per-queue.md): a message sent elsewhere suppresses nothing.
+-- The refusal of a row of pgmb_message or pgmb_delivery (table_name) whose created_at or
+-- available_at pgmb.valid_time rejects (the check_*_times triggers' WHEN found one),
+-- raised as a CHECK violation of <table>_times_valid naming the column and its value.
+CREATE OR REPLACE FUNCTION pgmb.refuse_times(table_name text, row_id text, created_at timestamptz,
+                                             available_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    bad text := CASE WHEN pgmb.valid_time(refuse_times.created_at)
+                     THEN format('available_at %s', available_at) ELSE format('created_at %s', created_at) END;
+BEGIN
+    RAISE EXCEPTION '% % refused by %: % is not a time pgmb stores (finite, from the year 1 to the year 9999, UTC)',
+                    CASE table_name WHEN 'pgmb_message' THEN 'message' ELSE 'delivery' END, row_id,
+                    table_name || '_times_valid', bad
+        USING ERRCODE = 'check_violation', TABLE = table_name, CONSTRAINT = table_name || '_times_valid';
+END $$;
+
+-- The messages that a message with this dedup id, created then by this producer, duplicates
+-- for a queue of this dedup window and pattern: those of the same producing role with the
+-- same dedup id, created within the window, whose routing key the queue's binding matches.
+-- De-duplication is per queue (docs/decisions/0032-dedup-per-queue.md) and per producing
+-- role (docs/decisions/0054-dedup-per-producing-role.md): a message sent elsewhere, or by
+-- another role, suppresses nothing. (Rows stored before 0.1.1 have no producer: they
+-- suppress nothing published since.)
 CREATE OR REPLACE FUNCTION pgmb.duplicated(dedup_window float8, pattern text, message_id uuid,
-                                           dedup_id text, created_at timestamptz)
+                                           dedup_id text, created_at timestamptz, producer name)
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
     SELECT x.id FROM pgmb_message x
     WHERE duplicated.dedup_window > 0
       AND x.dedup_id = duplicated.dedup_id AND x.id <> duplicated.message_id
+      AND x.producer = duplicated.producer
       AND x.created_at > duplicated.created_at - duplicated.dedup_window * interval '1 second'
       AND ('.' || x.routing_key) ~ duplicated.pattern
 $$;
 
--- The message a duplicate was dropped for: the newest with this dedup id that one of the
--- queues of the duplicate's routing key matches (pgmb.duplicated).
+-- pgmb.duplicated for a stored message (the routing trigger's call): its producer read back.
+CREATE OR REPLACE FUNCTION pgmb.duplicated(dedup_window float8, pattern text, message_id uuid,
+                                           dedup_id text, created_at timestamptz)
+RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+    SELECT pgmb.duplicated(dedup_window, pattern, message_id, dedup_id, created_at,
+                           (SELECT m.producer FROM pgmb_message m WHERE m.id = duplicated.message_id))
+$$;
+
+-- The message a duplicate was dropped for: the caller's newest with this dedup id that one
+-- of the queues of the duplicate's routing key matches (pgmb.duplicated). The caller is
+-- pgmb.caller(), written out as in pgmb_message.producer's default.
 CREATE OR REPLACE FUNCTION pgmb.deduplicated(dedup_id text, routing_key text) RETURNS uuid
 LANGUAGE sql STABLE AS $$
     SELECT x.id FROM pgmb_message x
     WHERE x.dedup_id = deduplicated.dedup_id
+      AND x.producer = coalesce(nullif(current_setting('role'), 'none'), session_user)::name
       AND EXISTS (SELECT FROM pgmb_queue q
                   WHERE q.binding_tags <@ pgmb.key_tags(deduplicated.routing_key)
                     AND ('.' || deduplicated.routing_key) ~ q.pattern
@@ -197,9 +230,11 @@ LANGUAGE sql STABLE AS $$
     ORDER BY x.created_at DESC, x.id DESC LIMIT 1
 $$;
 
--- Before each message with dependencies or a de-duplication id is stored (the admit_message
--- trigger's WHEN): enforces the options rule (as the check pgmb_message_options_valid,
--- with that name), refuses unknown dependencies (to a caller that may read messages),
+-- Before each message with options, or with times pgmb.valid_time rejects, is stored (the
+-- admit_message trigger's WHEN): refuses such times (pgmb.refuse_times), enforces the options rule (as the check pgmb_message_options_valid,
+-- with that name), refuses unknown dependencies (to a caller that may read messages; to
+-- any other, a dependency on a message it did not publish counts as settled and is left
+-- out, so that it cannot probe for ids: docs/decisions/0055-dependencies-on-own-messages.md),
 -- and returns NULL (the row is not stored)
 -- for a message that duplicates one for every queue its routing key matches
 -- (pgmb.duplicated; the candidate queues found by their tags). A message that
@@ -213,10 +248,21 @@ DECLARE
     problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
                                                  m.dedup_id, m.max_retries, m.retry_delay);
 BEGIN
+    -- Its times (the trigger's WHEN lets in a message without options for them).
+    IF NOT (pgmb.valid_time(m.created_at) AND pgmb.valid_time(m.available_at)) THEN
+        PERFORM pgmb.refuse_times('pgmb_message', m.id::text, m.created_at, m.available_at);
+    END IF;
     -- The options rule, reported as a check violation of pgmb_message_options_valid.
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem
             USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_options_valid';
+    END IF;
+    IF m.depends_on IS NOT NULL AND NOT pgmb.caller_sees_messages() THEN
+        -- Whether another role's message exists, or is pending, is not this caller's to
+        -- learn: its message waits only for its own (a role's messages carry its name).
+        m.depends_on := nullif(ARRAY(SELECT dep FROM unnest(m.depends_on) AS dep
+                                     WHERE EXISTS (SELECT FROM pgmb_message x
+                                                   WHERE x.id = dep AND x.producer = m.producer)), '{}');
     END IF;
     IF m.depends_on IS NOT NULL THEN
         SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
@@ -238,7 +284,7 @@ BEGIN
            AND NOT EXISTS (SELECT FROM pgmb_queue q
                            WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
                              AND NOT EXISTS (SELECT FROM pgmb.duplicated(q.dedup_window, q.pattern, m.id,
-                                                                         m.dedup_id, created))) THEN
+                                                                         m.dedup_id, created, m.producer))) THEN
             RETURN NULL;
         END IF;
     END IF;
@@ -383,6 +429,11 @@ BEGIN
         RAISE EXCEPTION 'message headers must be a JSON object, not %', jsonb_typeof(headers)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A time outside what pgmb stores (pgmb.valid_time, inline): never due, unreadable.
+    IF delay IS NOT NULL AND NOT (delay >= '0001-01-01 00:00:00+00'::timestamptz
+                                  AND delay < '10000-01-01 00:00:00+00'::timestamptz) THEN
+        PERFORM pgmb.check_time(delay);
+    END IF;
     -- Only with options: the plain calls of the shorter forms skip the call.
     IF send.priority IS DISTINCT FROM 0 OR send.group_key IS NOT NULL OR send.depends_on IS NOT NULL
        OR send.dedup_id IS NOT NULL OR send.max_retries IS NOT NULL OR send.retry_delay IS NOT NULL THEN
@@ -416,11 +467,15 @@ BEGIN
     RETURN pgmb.deduplicated(send.dedup_id, send.routing_key);
 END $$;
 
--- pgmb.send with a delay in whole seconds (checked by pgmb.check_delay).
+-- pgmb.send with a delay in whole seconds (checked by pgmb.check_delay, which only pgmb's
+-- owner and pgmb_admin may call: so it acts for its caller too, and checks it first).
 CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay integer)
 RETURNS uuid
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF NOT pgmb.may_publish() THEN
+        PERFORM pgmb.require('publish');
+    END IF;
     RETURN pgmb.send(id, routing_key, body, headers,
                      now() + make_interval(secs => coalesce(pgmb.check_delay(delay), 0)));
 END $$;
@@ -496,5 +551,6 @@ AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id) $$;
 -- pgmb.send acts for its caller (pgmb.pin_definers, tables.sql): a producer role needs
 -- pgmb_producer, no privilege on the tables.
 SELECT pgmb.pin_definers(ARRAY[
-    'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)'
+    'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)',
+    'pgmb.send(uuid, text, jsonb, jsonb, integer)'
 ]);

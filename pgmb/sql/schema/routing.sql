@@ -118,6 +118,26 @@ BEGIN
     RETURN seconds;
 END $$;
 
+-- Whether pgmb stores this time (a message's or a delivery's created_at and available_at):
+-- finite, from the year 1 to before the year 10000 in UTC, which is what Python's datetime
+-- holds (pgmb.durations.check_time; tests/rules, one table of cases for both). Outside it
+-- a message is never due and no Python client (the admin included) can read the row.
+CREATE OR REPLACE FUNCTION pgmb.valid_time(at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT at >= '0001-01-01 00:00:00+00'::timestamptz AND at < '10000-01-01 00:00:00+00'::timestamptz $$;
+
+-- A time a message is not delivered before (pgmb.send's delay): the time, or 22023 unless
+-- pgmb.valid_time holds. NULL stays NULL (no delay).
+CREATE OR REPLACE FUNCTION pgmb.check_time(at timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE AS $$
+BEGIN
+    IF NOT pgmb.valid_time(at) THEN
+        RAISE EXCEPTION 'invalid delay %: a time must be finite, from the year 1 to the year 9999 (UTC)', at
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN at;
+END $$;
+
 -- What breaks the secret rule (pgmb/worker_request.py says it in words), or NULL when the
 -- secret is usable: empty (unsigned); 'whsec_' then standard base64 with at most two '='
 -- whose data part has a length that is not 4n+1 and decodes to at least one byte; or any

@@ -52,6 +52,14 @@ ALTER TABLE pgmb_message
     ALTER COLUMN available_at SET DEFAULT now(),
     ADD CONSTRAINT pgmb_message_headers_object CHECK (jsonb_typeof(headers) = 'object');
 
+-- The role that published a message (pgmb.caller(), written out: a role that may INSERT
+-- need not execute pgmb's functions). De-duplication and dependencies are scoped by it
+-- (docs/decisions/0054-dedup-per-producing-role.md). Added without a default first, so that
+-- adding it to a big table writes nothing: rows stored before 0.1.1 have none (NULL).
+ALTER TABLE pgmb_message ADD COLUMN IF NOT EXISTS producer name;
+ALTER TABLE pgmb_message
+    ALTER COLUMN producer SET DEFAULT coalesce(nullif(current_setting('role'), 'none'), session_user)::name;
+
 ALTER TABLE pgmb_delivery
     ALTER COLUMN state SET DEFAULT 'ready',
     ALTER COLUMN attempts SET DEFAULT 0,
@@ -158,6 +166,9 @@ AS $$ SELECT coalesce(timeout < lease, false) $$;
 
 -- The worker_timeout trigger (a changed timeout): the new timeout ends within the lease of
 -- every queue the worker delivers for, or the update is refused naming the shortest one.
+-- The worker's row is locked by then (a BEFORE UPDATE trigger), and a queue's change of its
+-- lease locks it FOR SHARE (pgmb.prepare_queue): the two take turns, and the later one
+-- reads the earlier one's commit (a new snapshot for this statement).
 CREATE OR REPLACE FUNCTION pgmb.check_worker_timeout(w public.pgmb_worker) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -217,11 +228,15 @@ BEGIN
     END IF;
     -- A queue's writes are rare (created, changed, paused): one look-up of its worker. An
     -- unchanged lease and worker stay accepted, as the worker's other rules do: a row
-    -- stored before the rule can still be paused.
+    -- stored before the rule can still be paused. FOR SHARE: a concurrent change of the
+    -- worker's timeout, whose check (pgmb.check_worker_timeout) cannot see this lease yet,
+    -- commits first and is read here, or waits for this transaction and reads its lease
+    -- (docs/decisions/0056-timeout-and-lease-take-turns.md).
     SELECT w.name, w.timeout INTO worker, timeout FROM pgmb_worker w
     WHERE w.id = q.worker_id
       AND NOT EXISTS (SELECT FROM pgmb_queue o
-                      WHERE o.id = q.id AND o.worker_id = q.worker_id AND o.lease_seconds = q.lease_seconds);
+                      WHERE o.id = q.id AND o.worker_id = q.worker_id AND o.lease_seconds = q.lease_seconds)
+    FOR SHARE OF w;
     IF FOUND AND NOT pgmb.timeout_within_lease(timeout, q.lease_seconds) THEN
         RAISE EXCEPTION 'invalid lease % s for queue %: it must be longer than the timeout of worker % (% s)',
                         q.lease_seconds, quote_literal(q.name), quote_literal(worker), timeout

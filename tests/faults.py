@@ -10,18 +10,9 @@ from django.db import connection
 
 import pgmb
 from pgmb.models import Attempt, DeadLetter, Delivery, Message
+from tests.stored_rows import store_with_triggers_off, triggers_off
 
 NORMAL = 12
-
-
-def _store_with_triggers_off(statement: str, params: tuple) -> None:
-    """Write what validation refuses today, as a database from before it could hold."""
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
-        try:
-            cursor.execute(statement, params)
-        finally:
-            cursor.execute("SET session_replication_role = DEFAULT")
 
 
 @pytest.fixture
@@ -45,16 +36,16 @@ def faulty_world(recording_server, make_worker, make_queue):
     }
     for name, worker in bad.items():
         make_queue("#", name=name, worker=worker, max_retries=0)
-    _store_with_triggers_off(
+    store_with_triggers_off(
         "UPDATE pgmb_worker SET secret = 'whsec_a' WHERE id = %s", (bad["bad_secret"].pk,)
     )
     # A port out of range, which the endpoint rule refuses now (a row stored before it).
-    _store_with_triggers_off(
+    store_with_triggers_off(
         "UPDATE pgmb_worker SET endpoint = 'http://127.0.0.1:99999/x' WHERE id = %s",
         (bad["bad_port"].pk,),
     )
     # Longer than any lease, which the worker_timeout trigger refuses now.
-    _store_with_triggers_off(
+    store_with_triggers_off(
         "UPDATE pgmb_worker SET timeout = 1e300 WHERE id = %s", (bad["huge_timeout"].pk,)
     )
     good.max_retries = 0
@@ -63,7 +54,8 @@ def faulty_world(recording_server, make_worker, make_queue):
     # A header value no server takes: the message fails everywhere, and only there. Publish
     # refuses it now (docs/decisions/0031): a row stored before the limit still holds it.
     poison = pgmb.send("k", {"poison": True})
-    Message.objects.filter(pk=poison).update(headers={"huge": "x" * 100_000})
+    with triggers_off():
+        Message.objects.filter(pk=poison).update(headers={"huge": "x" * 100_000})
     ids += [pgmb.send("k", {"n": n}) for n in range(NORMAL // 2, NORMAL)]
     return {"server": server, "good": good, "bad": bad, "ids": ids, "queues": 1 + len(bad)}
 

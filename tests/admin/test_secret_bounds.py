@@ -17,6 +17,7 @@ from pgmb.models import Worker
 from pgmb.worker_secrets import MAX_RETIRING_SECRETS, signing_secrets
 from tests.roles import login_role, owner  # noqa: F401
 from tests.signatures import receiver_accepts
+from tests.stored_rows import store_with_triggers_off
 
 from .conftest import form_errors, url
 from .test_secrets import form_data, staff
@@ -120,11 +121,8 @@ def test_a_short_secret_is_refused_in_the_admin(client, django_user_model, make_
 
 def test_a_short_secret_stored_before_the_rule_keeps_signing(make_worker, make_queue):
     worker = make_worker(secret=secret(0))
-    with connection.cursor() as cursor:
-        # As 0.1.0 stored it (its rule took any length): the trigger is not asked.
-        cursor.execute("SET session_replication_role = replica")
-        cursor.execute("UPDATE pgmb_worker SET secret = %s WHERE id = %s", (SHORT, worker.pk))
-        cursor.execute("SET session_replication_role = DEFAULT")
+    # As 0.1.0 stored it (its rule took any length): the trigger is not asked.
+    store_with_triggers_off("UPDATE pgmb_worker SET secret = %s WHERE id = %s", (SHORT, worker.pk))
     Worker.objects.filter(pk=worker.pk).update(active=False)  # other changes still save
     Worker.objects.filter(pk=worker.pk).update(active=True)
     make_queue("#", worker=worker)

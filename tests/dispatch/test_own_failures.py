@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import pgmb
 from pgmb.dispatch.client import OWN_FAILURE
 from pgmb.models import Attempt, DeadLetter, Delivery, Worker
-from tests.faults import _store_with_triggers_off
+from tests.stored_rows import store_with_triggers_off
 
 SEND = "SELECT pgmb.send(%s, %s, %s::jsonb)"
 
@@ -69,9 +69,7 @@ def test_a_request_pgmb_cannot_build_is_the_deliverys_failure_not_the_endpoints(
     make_queue("#", worker=worker, max_retries=1, backoff_base=0, backoff_max=0)
     # A secret the rules refuse today, stored as an older database may hold it: no request
     # of this worker can be signed.
-    _store_with_triggers_off(
-        "UPDATE pgmb_worker SET secret = 'whsec_a' WHERE id = %s", (worker.pk,)
-    )
+    store_with_triggers_off("UPDATE pgmb_worker SET secret = 'whsec_a' WHERE id = %s", (worker.pk,))
     unbuildable = {str(i) for i in pgmb.send_batch(("k", n) for n in range(3))}
 
     dispatch()

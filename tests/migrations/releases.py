@@ -8,7 +8,7 @@ from pgmb import sql
 
 #: The last migration of each release, oldest first. The upgrade test starts from each of
 #: them; a release's migration is added here when the release is cut, and frozen from then on.
-RELEASED: list[str] = ["0001_initial"]
+RELEASED: list[str] = ["0001_initial", "0002_release_0_1_1"]
 
 #: The commit each release was cut from, found by its hash (tags may not travel with a
 #: clone): tests/migrations/released_code.py builds the release's wheel from it, and the

@@ -14,7 +14,7 @@ RELEASED: list[str] = ["0001_initial", "0002_release_0_1_1"]
 #: clone): tests/migrations/released_code.py builds the release's wheel from it, and the
 #: live upgrade test runs that release's code while this checkout migrates. Cutting a
 #: release: add its commit here.
-RELEASE_COMMITS: dict[str, str] = {"0.1.0": "4ade33d"}
+RELEASE_COMMITS: dict[str, str] = {"0.1.0": "4ade33d", "0.1.1": "6a53c20"}
 
 #: Every file of each released migration with its SHA-256, as `sha256sum` writes them (cut a
 #: release: `sha256sum pgmb/migrations/NNNN_name.py pgmb/sql/migrations/NNNN_name* >>` it).

@@ -388,5 +388,4 @@ def database_warnings(alias: str) -> list[CheckMessage]:
     ):
         found += check(databases=[alias])
     silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", []))
-    # Errors first: what keeps everything from working comes before what is missing.
-    return sorted((m for m in found if m.id not in silenced), key=lambda m: -m.level)
+    return [m for m in found if m.id not in silenced]

@@ -32,7 +32,7 @@ def report(
         return
     if not any(m.app_label == "pgmb" and not backwards for m, backwards in plan or []):
         return
-    found = database_warnings(using)  # errors first
+    found = database_warnings(using)
     out = stdout or sys.stdout
     errors = [m for m in found if m.is_serious()]
     warnings = [m for m in found if not m.is_serious()]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 #: The release, as in setup.cfg (tests/docs checks that they agree).
-__version__ = "0.1.1"
+__version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:
     from .errors import (

@@ -13,6 +13,8 @@ import psycopg
 import pytest
 from django.db import connection
 
+from tests.migrations.releases import RELEASE_COMMITS, RELEASED
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -66,10 +68,11 @@ def _run(dbname: str, module: str, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.fixture(scope="session")
-def release_0_1_0(tmp_path_factory):
-    """pgmb 0.1.0 as released: its wheel built from commit 4ade33d, installed apart from
-    this checkout (once a session)."""
+@pytest.fixture(scope="session", params=list(RELEASE_COMMITS))
+def release(request, tmp_path_factory):
+    """Each pgmb release as released: its wheel built from its commit
+    (tests/migrations/releases.py), installed apart from this checkout (once a session)."""
     from tests.migrations.released_code import build_release
 
-    return build_release("0.1.0", tmp_path_factory.mktemp("pgmb-0.1.0"))
+    version = request.param
+    return build_release(version, tmp_path_factory.mktemp(f"pgmb-{version}"))

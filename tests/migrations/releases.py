@@ -31,7 +31,7 @@ def released_files() -> dict[str, str]:
 
 #: The migration of the release in the making. Its frozen SQL copies of pgmb/sql/schema/
 #: (FROZEN) are refreshed by `make schema`; a test keeps them equal to the source.
-UNRELEASED = "0002_release_0_1_1"
+UNRELEASED = "0003_release_0_2_0"
 
 #: Its frozen copies: the file, and the name of the list in pgmb.sql of the source files it
 #: copies, in order. After the first release only the PL/Python transport is copied whole

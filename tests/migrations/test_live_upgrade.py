@@ -1,14 +1,14 @@
-"""The upgrade from 0.1.0 under running dispatchers (docs/operations.md, Upgrading).
+"""The upgrade from each release under running dispatchers (docs/operations.md, Upgrading).
 
-A database migrated by 0.1.0 itself (its wheel, built from the release commit:
+A database migrated by the release itself (its wheel, built from the release commit:
 tests/migrations/released_code.py) and filled through the SQL API with ready, delayed,
 leased, retrying, dead-lettered, grouped and pull deliveries is migrated by this checkout
-while 0.1.0's ``pgmb_dispatch`` and ``pgmb_consume`` and the in-database loop (CALLed as
+while the release's ``pgmb_dispatch`` and ``pgmb_consume`` and the in-database loop (CALLed as
 pg_cron calls it) deliver to a real HTTP server and a publisher sends all along. Then this
 checkout's ``pgmb_dispatch`` and ``pgmb_consume`` take over. Every message arrives; none is
 posted twice but where its attempt log says a lease ran out or a request failed; groups
 arrive in order; no process stalls or logs errors, no send fails (a deadlock with the
-migration would fail one); 0.1.0's functions, types and columns are as they were; and the
+migration would fail one); the release's functions, types and columns are as they were; and the
 schema is a fresh install's.
 """
 
@@ -30,8 +30,12 @@ from django.db import connection
 
 from tests.httpserver import RecordingServer, slow
 from tests.migrations.conftest import ROOT, manage
+from tests.migrations.releases import RELEASE_COMMITS, RELEASED
 from tests.processes import StderrLines
 from tests.waiting import wait_until
+
+#: Every migration of this checkout, as django_migrations names them once it has migrated.
+MIGRATIONS = sorted(p.stem for p in (ROOT / "pgmb" / "migrations").glob("[0-9]*.py"))
 
 FINGERPRINT = (Path(__file__).parent / "fingerprint.sql").read_text()
 
@@ -61,7 +65,7 @@ WHERE c.relkind IN ('r', 'v', 'c')
   AND NOT (c.relkind = 'v' AND c.relname LIKE '%\\_queue')
 """
 
-#: What 0.1.1 takes away from 0.1.0's surface on purpose (kind, name): nothing. A row here
+#: What a migration takes away from an earlier release's surface on purpose (kind, name): nothing. A row here
 #: needs its reason, and the release's notes saying what replaces it.
 RETIRED: set[tuple[str, str]] = set()
 
@@ -106,7 +110,7 @@ def _send(conn: psycopg.Connection, sent: Sent, key: str, group: str | None = No
 
 
 def _fill(conn: psycopg.Connection, server: RecordingServer, sent: Sent) -> dict[str, uuid.UUID]:
-    """Deliveries of every kind, written with 0.1.0's SQL API before any dispatcher runs."""
+    """Deliveries of every kind, written with the SQL API of 0.1.0 (which later releases keep) before any dispatcher runs."""
     q = conn.execute
     [(worker,)] = q("SELECT pgmb.worker('upgrader', %s, 1000)", (server.url("/hook"),)).fetchall()
     [(quick,)] = q("SELECT pgmb.worker('quick', %s, 1000)", (server.url("/quick"),)).fetchall()
@@ -278,7 +282,7 @@ def _consumer_args() -> list[str]:
 
 
 def _old_release_runs(release, dbname: str, consumed: Consumed) -> list[subprocess.Popen]:
-    """0.1.0's pgmb_dispatch (the ext_ queues) and its consumer of the pull queue."""
+    """The release's pgmb_dispatch (the ext_ queues) and its consumer of the pull queue."""
     return [
         release.start(dbname, "pgmb_dispatch", "-v", "0", *_queue_args(EXTERNAL)),
         release.start(dbname, *_consumer_args(), path=str(consumed.folder)),
@@ -290,9 +294,10 @@ def _surface(conn: psycopg.Connection) -> dict[tuple[str, str], str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothing(
-    scratch, release_0_1_0, recording_server, manage_process, tmp_path, monkeypatch
+def test_upgrading_from_a_release_under_running_dispatchers_loses_and_doubles_nothing(
+    scratch, release, recording_server, manage_process, tmp_path, monkeypatch
 ):
+    was = release.version
     server = recording_server
     # Slow enough that requests are in flight whenever the migration takes its locks.
     server.respond(slow(0.05))
@@ -302,12 +307,12 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
     monkeypatch.setenv("PGMB_TEST_CONSUMED", str(consumed.file))
     with scratch("pgmb_live_upgrade") as info, psycopg.connect(**info, autocommit=True) as conn:
         dbname = info["dbname"]
-        release_0_1_0.manage(dbname, "migrate", "--noinput", "-v", "0")
+        release.manage(dbname, "migrate", "--noinput", "-v", "0")
         assert conn.execute(
             "SELECT array_agg(name ORDER BY name) FROM django_migrations WHERE app = 'pgmb'"
-        ).fetchone() == (["0001_initial"],)
+        ).fetchone() == (RELEASED[: list(RELEASE_COMMITS).index(was) + 1],)
         # The in-database path posts through the http extension where it can be had (the
-        # stand-in, tests/pg_http), else through 0.1.0's PL/Python transport.
+        # stand-in, tests/pg_http), else through the release's PL/Python transport.
         if conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'http'").fetchone():
             conn.execute("CREATE EXTENSION IF NOT EXISTS http CASCADE")
         transport = conn.execute("SELECT pgmb.http_transport()").fetchone()[0]
@@ -316,8 +321,8 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
 
         ids = _fill(conn, server, sent)
 
-        # 0.1.0 at work: its pgmb_dispatch and consumer, the in-database loop, a publisher.
-        old = _old_release_runs(release_0_1_0, dbname, consumed)
+        # The release at work: its pgmb_dispatch and consumer, the in-database loop, a publisher.
+        old = _old_release_runs(release, dbname, consumed)
         old_stderr = [StderrLines(proc) for proc in old]
         cron = CronJob(info, IN_DATABASE)
         publisher = Publisher(info, sent)
@@ -325,9 +330,9 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
             for queue in ("ext_ready", "indb_ready"):
                 wait_until(
                     _delivered_after(server, queue, {str(m) for m, k, _ in sent.snapshot()}),
-                    message=f"0.1.0 delivering {queue} before the upgrade",
+                    message=f"{was} delivering {queue} before the upgrade",
                 )
-            wait_until(consumed.reads, message="0.1.0's consumer reading before the upgrade")
+            wait_until(consumed.reads, message=f"{was}'s consumer reading before the upgrade")
 
             # The upgrade, with every one of them running.
             surface = _surface(conn)
@@ -339,30 +344,30 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
                 for key, was in surface.items()
                 if kept.get(key) != was and key not in RETIRED
             }
-            assert changed == {}, "0.1.0's code calls or reads what the migration changed"
+            assert changed == {}, f"{was}'s code calls or reads what the migration changed"
             for proc, stderr in zip(old, old_stderr, strict=True):
-                assert proc.poll() is None, f"0.1.0's {proc.args[3]} exited: {stderr.lines}"
+                assert proc.poll() is None, f"{was}'s {proc.args[3]} exited: {stderr.lines}"
             assert conn.execute(
                 "SELECT count(*) FROM django_migrations WHERE app = 'pgmb'"
-            ).fetchone() == (2,)
+            ).fetchone() == (len(MIGRATIONS),)
 
-            # 0.1.0 goes on delivering and consuming what is sent after the migration.
+            # The release goes on delivering and consuming what is sent after the migration.
             mark = len(sent.snapshot())
             for queue in ("ext_live", "indb_live"):
                 wait_until(
                     lambda q=queue: _delivered_after(server, q, _live_ids(sent, mark))(),
-                    message=f"{queue}: 0.1.0's dispatch stuck after the migration",
+                    message=f"{queue}: {was}'s dispatch stuck after the migration",
                 )
             wait_until(
                 lambda: consumed.ids() & _pulled_ids(sent, mark),
-                message="0.1.0's consumer stuck after the migration",
+                message=f"{was}'s consumer stuck after the migration",
             )
             assert len(server.requests) > before
 
-            # This checkout's pgmb_dispatch and consumer take over from 0.1.0's.
+            # This checkout's pgmb_dispatch and consumer take over from the release's.
             for proc, stderr in zip(old, old_stderr, strict=True):
                 status, _ = _stop(proc)
-                assert status == 0, f"0.1.0's {proc.args[3]} exited {status}: {stderr.lines}"
+                assert status == 0, f"{was}'s {proc.args[3]} exited {status}: {stderr.lines}"
             here = {"PGMB_DB_NAME": dbname, "PGMB_TEST_CONSUMED": str(consumed.file)}
             new = [
                 manage_process("pgmb_dispatch", "-v", "0", *_queue_args(EXTERNAL), env=here),
@@ -413,7 +418,7 @@ def test_upgrading_from_0_1_0_under_running_dispatchers_loses_and_doubles_nothin
         assert [str(e) for e in publisher.errors] == [], "a send failed while the upgrade ran"
         assert [str(e) for e in cron.errors] == [], "a CALL of the in-database loop failed"
         for stderr in old_stderr:
-            assert _problems(stderr) == [], "a process of 0.1.0 logged errors"
+            assert _problems(stderr) == [], f"a process of {was} logged errors"
         for stderr in new_stderr:
             assert _problems(stderr) == [], "a process of this checkout logged errors"
         assert consumed.ids() == sent.pulled()

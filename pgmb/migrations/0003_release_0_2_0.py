@@ -1,0 +1,24 @@
+from django.db import migrations
+
+from pgmb.sql.operations import LockTables, RunMigrationSQL, RunPlpythonSQL
+
+
+class Migration(migrations.Migration):
+    """pgmb 0.2.0, the release's one migration (docs/decisions/0023): what changed since
+    0.1.1. ``pgmb/sql/migrations/0003_release_0_2_0.sql`` is written by hand and holds only
+    the changes; its ``.down.sql`` puts 0.1.1's objects back. The PL/Python step runs a
+    frozen copy of ``pgmb/sql/schema/plpython.sql`` (``make schema``), and migrating back
+    runs 0.1.1's copy again. Every step keeps 0.1.1's functions callable with 0.1.1's
+    arguments, so its dispatchers go on delivering while this runs (CONTRIBUTING.md)."""
+
+    dependencies = [("pgmb", "0002_release_0_1_1")]
+
+    operations = [
+        # First, every table the migration alters (add yours here): the locks are taken
+        # together, never one while waiting for another (LockTables, CONTRIBUTING.md).
+        LockTables(
+            "pgmb_queue",
+        ),
+        RunMigrationSQL("0003_release_0_2_0"),
+        RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),
+    ]

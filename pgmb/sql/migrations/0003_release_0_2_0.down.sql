@@ -1,0 +1,2 @@
+-- Reverse of 0003_release_0_2_0: puts back 0.1.1's objects that it changed, by concern in
+-- the same order as the forward file.

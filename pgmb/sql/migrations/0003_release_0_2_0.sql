@@ -1,0 +1,5 @@
+-- Migration 0003_release_0_2_0 (pgmb 0.2.0): what changed in pgmb/sql/schema/ since 0.1.1,
+-- written by hand, by concern. Every object here is also in pgmb/sql/schema/, which stays
+-- the source to read; tests/migrations proves both build the same catalog. 0.1.1's
+-- dispatchers keep running while this applies: a function they call keeps its arguments
+-- and result (a changed one gets a new name beside it; CONTRIBUTING.md, Migrations).

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests.migrations.releases import RELEASE_COMMITS, RELEASED
+from tests.migrations.releases import RELEASE_COMMITS
 
 ROOT = Path(__file__).resolve().parents[2]
 

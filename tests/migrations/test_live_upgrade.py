@@ -65,8 +65,8 @@ WHERE c.relkind IN ('r', 'v', 'c')
   AND NOT (c.relkind = 'v' AND c.relname LIKE '%\\_queue')
 """
 
-#: What a migration takes away from an earlier release's surface on purpose (kind, name): nothing. A row here
-#: needs its reason, and the release's notes saying what replaces it.
+#: What a migration takes away from an earlier release's surface on purpose (kind, name):
+#: nothing. A row here needs its reason, and the release's notes saying what replaces it.
 RETIRED: set[tuple[str, str]] = set()
 
 
@@ -110,7 +110,8 @@ def _send(conn: psycopg.Connection, sent: Sent, key: str, group: str | None = No
 
 
 def _fill(conn: psycopg.Connection, server: RecordingServer, sent: Sent) -> dict[str, uuid.UUID]:
-    """Deliveries of every kind, written with the SQL API of 0.1.0 (which later releases keep) before any dispatcher runs."""
+    """Deliveries of every kind, written before any dispatcher runs with the SQL API of
+    0.1.0, which later releases keep."""
     q = conn.execute
     [(worker,)] = q("SELECT pgmb.worker('upgrader', %s, 1000)", (server.url("/hook"),)).fetchall()
     [(quick,)] = q("SELECT pgmb.worker('quick', %s, 1000)", (server.url("/quick"),)).fetchall()

@@ -49,7 +49,7 @@ demo: deps venv
 	@scripts/demo.sh
 
 bench: deps venv
-	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/instructions.py && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py'
+	@scripts/with-cluster.sh sh -c '$(PY) bench/publish.py && $(PY) bench/pgbench_publish.py && $(PY) bench/instructions.py && $(PY) bench/dispatch.py && $(PY) bench/reconnect.py && $(PY) bench/scale.py && $(PY) bench/pull.py && $(PY) bench/tasks.py'
 
 schema: venv
 	$(VENV)/bin/python scripts/freeze_schema.py

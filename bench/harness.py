@@ -37,7 +37,8 @@ def connect(database: str | None = None) -> psycopg.Connection[Any]:
     return psycopg.connect(dbname=name, autocommit=True)
 
 
-def _recreate(name: str, create: bool) -> None:
+def recreate_database(name: str, create: bool) -> None:
+    """Drop database ``name`` if it exists; create it anew when ``create``."""
     # PGDATABASE is the one database we know exists; ours cannot be dropped from itself.
     with connect(os.environ.get("PGDATABASE", "postgres")) as admin:
         admin.execute(
@@ -62,14 +63,14 @@ def scratch_database(name: str, keep: bool = False) -> Iterator[None]:
     from django.core.management import call_command
     from django.db import connections
 
-    _recreate(name, create=True)
+    recreate_database(name, create=True)
     try:
         call_command("migrate", verbosity=0, interactive=False)
         yield
     finally:
         connections.close_all()
         if not keep:
-            _recreate(name, create=False)
+            recreate_database(name, create=False)
 
 
 # --- Client processes. ---

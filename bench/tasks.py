@@ -349,7 +349,7 @@ def reset_statements(system: System) -> None:
         )
 
 
-def statements(system: System, tasks: int, top: int = 10) -> list[dict[str, Any]]:
+def statements(system: System, tasks: int, top: int = 14) -> list[dict[str, Any]]:
     """The system's statements (its enqueues' and workers'), per task: not the benchmark's
     own (the limit's copies, the counts of its records)."""
     with harness.connect(system.database) as conn:
@@ -559,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["statements"] = {}
             print(
                 "\n  Statements per task of each system (pg_stat_statements, every round, the"
-                " limit's left out; top 10 by time):"
+                " limit's left out; top 14 by time):"
             )
             for system in systems:
                 ran = system.enqueued

@@ -58,6 +58,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,8 @@ class System:
 
     def state(self) -> tuple[int, int, int]:
         with harness.connect(self.database) as conn:
-            return conn.execute(STATE_SQL[self.name]).fetchone()
+            done, failed, left = conn.execute(STATE_SQL[self.name]).fetchone() or (0, 0, 0)
+        return done, failed, left
 
     def runs_of(self, wanted: range) -> dict[int, list[tuple[int, float]]]:
         """Task number -> (worker pid, start time) of each of its runs, for ``wanted``."""
@@ -336,7 +338,7 @@ def scaling_round(system: System, processes: int, settings: Settings) -> harness
 
 def statements_available() -> bool:
     with harness.connect(os.environ.get("PGDATABASE", "postgres")) as conn:
-        preload = conn.execute("SHOW shared_preload_libraries").fetchone()[0]
+        (preload,) = conn.execute("SHOW shared_preload_libraries").fetchone() or ("",)
     return "pg_stat_statements" in preload
 
 
@@ -547,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for system in systems:
                 reset_statements(system)
         load = harness.OtherLoad(harness.postmaster())
-        group = tuple(harness.Case(s.label, lambda s=s: round_of(s, settings)) for s in systems)
+        group = tuple(harness.Case(s.label, partial(round_of, s, settings)) for s in systems)
         results = harness.measure([group], args.rounds, load, budget=len(systems))
         print(
             f"\nBest of {args.rounds} rounds, the systems' order rotating (rates: highest, "
@@ -578,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cases = tuple(
                 harness.Case(
                     f"{k} process{'es' if k > 1 else ''}",
-                    lambda k=k: scaling_round(pgmb, k, settings),
+                    partial(scaling_round, pgmb, k, settings),
                 )
                 for k in processes
             )

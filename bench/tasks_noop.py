@@ -38,7 +38,7 @@ else:
     try:
         from django.tasks import task  # Django 6
     except ImportError:
-        from django_tasks import task  # Django 5.2: the backport
+        from django_tasks import task  # type: ignore[no-redef]  # Django 5.2: the backport
 
     @task()
     def noop(n: int) -> None:

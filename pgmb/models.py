@@ -567,15 +567,11 @@ class Queue(models.Model):
             and self.backoff_max < self.backoff_base
         ):
             raise ValidationError({"backoff_max": _("The cap must not be below the base.")})
-        if self.worker_id is not None and not self.keep_history:
-            # The constraint pgmb_queue_history_pull_only, for every writer.
-            raise ValidationError(
-                {
-                    "keep_history": _(
-                        "A queue with a worker keeps its history: only pull queues may turn it off."
-                    )
-                }
-            )
+        if self.worker_id is not None:
+            # A queue with a worker keeps its history (the constraint
+            # pgmb_queue_history_pull_only, for every writer). A form cannot tell an
+            # unchecked box from one it was not sent: the admin's forms keep it on.
+            self.keep_history = True
         self._clean_lease()
 
     def _clean_lease(self) -> None:

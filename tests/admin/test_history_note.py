@@ -10,7 +10,9 @@ from django.db import connection
 import pgmb
 from pgmb import metrics, pull
 from pgmb.models import Queue
+from tests.admin.conftest import form_errors, url
 from tests.admin.test_dashboard import DASHBOARD, table
+from tests.admin.test_queues import queue_data
 from tests.metrics.test_prometheus import parse
 
 
@@ -90,3 +92,19 @@ def test_metrics_leave_out_what_they_cannot_count(db):
             " WHERE q.name = 'bare'"
         )
         assert cursor.fetchone() == (0,)
+
+
+def test_the_queue_form_sets_it_for_pull_queues_and_keeps_it_for_push_queues(
+    admin_client, make_worker
+):
+    worker = make_worker("shop")
+    # The box unchecked (a browser sends nothing): off for a pull queue ...
+    pull_data = queue_data(worker, worker="", name="bare_q", binding_key="bare.#")
+    assert form_errors(admin_client.post(url("queue_add"), pull_data)) == {}
+    assert Queue.objects.get(name="bare_q").keep_history is False
+    # ... kept on for a queue with a worker.
+    assert form_errors(admin_client.post(url("queue_add"), queue_data(worker))) == {}
+    assert Queue.objects.get(name="order_queue").keep_history is True
+    checked = queue_data(worker, worker="", name="kept_q", binding_key="k.#", keep_history="on")
+    assert form_errors(admin_client.post(url("queue_add"), checked)) == {}
+    assert Queue.objects.get(name="kept_q").keep_history is True

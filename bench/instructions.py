@@ -20,9 +20,9 @@ the pgmb cases too: what the migrations since then cost, in the same run.
 
 The cases: one message per statement (a plain INSERT, ``pgmq.send``, ``pgmb.send``),
 batches of 100, and consuming a queue (a plain table's ``DELETE`` of 100, ``read``(100) +
-``delete`` of PGMQ and of a pgmb pull queue, and PGMQ's ``read`` + ``archive``), as
-bench/pgbench_publish.py and bench/pull.py run them with pgbench. Without PGMQ its cases
-are left out and the output says so.
+``delete`` of PGMQ and of a pgmb pull queue with and without its history, and PGMQ's
+``read`` + ``archive``), as bench/pgbench_publish.py and bench/pull.py run them with
+pgbench. Without PGMQ its cases are left out and the output says so.
 
 Single-user mode plans every statement (pgbench ``-M prepared`` plans each once): the
 counts include parsing and planning the top-level statement, for every case alike. A
@@ -92,6 +92,13 @@ CASES = (
         "pgmq.read(100) + delete",
         "plain DELETE 100 (SKIP LOCKED)",
         pull=True,
+    ),
+    Case(
+        "pgmb.read(100) + delete, no history",
+        "pgmb_read_delete_no_history.sql",
+        100,
+        "pgmq.read(100) + delete",
+        "plain DELETE 100 (SKIP LOCKED)",
     ),
 )
 
@@ -210,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         size = 2 * (args.small + args.large) * pull.BATCH + 1000
         body = json.dumps(publish.order_event(1))
         with harness.connect() as conn:
-            for kind in ("plain", "pgmb", "pgmq") if with_pgmq else ("plain", "pgmb"):
+            kinds = ("plain", "pgmb", "pgmb_bare")
+            for kind in (*kinds, "pgmq") if with_pgmq else kinds:
                 conn.execute(pull.CASES[kind][2], {"n": size, "body": body})
             conn.execute("VACUUM ANALYZE")
         if pull_again:

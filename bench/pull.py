@@ -3,7 +3,8 @@
     scripts/with-cluster.sh .venv/bin/python bench/pull.py [--seconds 2] [--rounds 4]
         [--pgmq-sql path/to/pgmq.sql]
 
-In a scratch database with one pull queue ``pullq`` (no worker), a plain table
+In a scratch database with two pull queues (no worker), ``pullq`` keeping its history and
+``pullq_bare`` keeping none (keep_history off; bound to other routing keys), a plain table
 ``bench_pull_baseline`` and, when its SQL is given (``--pgmq-sql`` or ``$PGMQ_SQL``, see
 bench/pgmq_sql.py), PGMQ with its queue ``q``, each run fills its queue with ``--size``
 messages (the plain table four times as many; the same body, bench/publish.py's order
@@ -11,14 +12,17 @@ event), vacuums, then pgbench runs one transaction in a loop from 4 clients (and
 
 * the plain table (the physical limit): the 100 oldest rows, ``FOR UPDATE SKIP LOCKED``,
   deleted in one statement
-* pgmb: ``pgmb.delete('pullq', ARRAY(SELECT delivery_id FROM pgmb.read('pullq', 30, 100)))``
+* pgmb: ``pgmb.delete('pullq', ARRAY(SELECT delivery_id FROM pgmb.read('pullq', 30, 100)))``,
+  its delete keeping an ``ack`` row in the history
+* pgmb without history: the same on ``pullq_bare``, whose delete only deletes, as PGMQ's
 * PGMQ: ``pgmq.delete('q', ARRAY(SELECT msg_id FROM pgmq.read('q', 30, 100)))``
 * PGMQ keeping what it consumed: the same with ``pgmq.archive`` (moved to its archive
   table), as pgmb's delete keeps an ``ack`` row in its history.
 
 The cases of a table run next to each other, their order rotating between rounds; the
-best of ``--rounds`` counts. pgmb's goal is 1.0 of PGMQ's read + delete; without PGMQ it is
-held against the plain table alone, with no goal, and the output says so. After each run
+best of ``--rounds`` counts. pgmb's goals, against PGMQ's read + delete: ``--goal-bare``
+(0.8) without history, ``--goal`` (0.6) with it; without PGMQ both are held against the
+plain table alone, with no goal, and the output says so. After each run
 the queue must hold exactly what pgbench did not consume (100 a transaction, none read
 twice): the exit status is 1 if not, if a run emptied its queue (raise ``--size``) or if
 the PGMQ file given does not load, never for a missed ratio.
@@ -43,6 +47,8 @@ if str(ROOT) not in sys.path:
 from bench import harness, pgbench_runner, pgmq_sql, publish  # noqa: E402
 
 PULL_QUEUE = "pullq"  # the name bench/pgbench/pgmb_read_delete.sql reads
+#: The queue of bench/pgbench/pgmb_read_delete_no_history.sql: keep_history off.
+BARE_QUEUE = "pullq_bare"
 BASELINE_TABLE = "bench_pull_baseline"  # the table bench/pgbench/plain_read_delete.sql reads
 BATCH = 100  # the qty of bench/pgbench/*_read_delete.sql
 
@@ -77,12 +83,24 @@ CASES = {
         ("pgmq.q_q", "pgmq.a_q"),
     ),
     "pgmb": (
-        f"pgmb.read({BATCH}) + pgmb.delete",
+        f"pgmb.read({BATCH}) + pgmb.delete, history",
         "pgmb_read_delete.sql",
         "INSERT INTO pgmb_message (routing_key, body)"
         " SELECT 'pull.job', %(body)s::jsonb FROM generate_series(1, %(n)s)",
-        "SELECT count(*) FROM pgmb_delivery",
-        "SELECT pgmb.purge('pullq')",
+        f"SELECT count(*) FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id"
+        f" WHERE q.name = '{PULL_QUEUE}'",
+        # Both queues: each case starts with its own rows alone in pgmb_delivery.
+        f"SELECT pgmb.purge('{PULL_QUEUE}') + pgmb.purge('{BARE_QUEUE}')",
+        ("pgmb_message", "pgmb_delivery", "pgmb_attempt"),
+    ),
+    "pgmb_bare": (
+        f"pgmb.read({BATCH}) + pgmb.delete, no history",
+        "pgmb_read_delete_no_history.sql",
+        "INSERT INTO pgmb_message (routing_key, body)"
+        " SELECT 'bare.job', %(body)s::jsonb FROM generate_series(1, %(n)s)",
+        f"SELECT count(*) FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id"
+        f" WHERE q.name = '{BARE_QUEUE}'",
+        f"SELECT pgmb.purge('{PULL_QUEUE}') + pgmb.purge('{BARE_QUEUE}')",
         ("pgmb_message", "pgmb_delivery", "pgmb_attempt"),
     ),
 }
@@ -92,7 +110,8 @@ CASES = {
 PLAIN_SIZE_FACTOR = 4
 
 #: The cases of a table, in order; without PGMQ only the plain table's and pgmb's.
-KINDS_WITH_PGMQ = ("plain", "pgmq", "pgmq_archive", "pgmb")
+KINDS_WITH_PGMQ = ("plain", "pgmb", "pgmb_bare", "pgmq", "pgmq_archive")
+KINDS_WITHOUT_PGMQ = ("plain", "pgmb", "pgmb_bare")
 
 
 class Drained(Exception):
@@ -100,9 +119,10 @@ class Drained(Exception):
 
 
 def set_up() -> None:
-    """The pull queue and its plain baseline (a queue table as PGMQ's, without PGMQ)."""
+    """The pull queues and their plain baseline (a queue table as PGMQ's, without PGMQ)."""
     with harness.connect() as conn:
         conn.execute("SELECT pgmb.create(%s, 'pull.#', 5, NULL)", (PULL_QUEUE,))
+        conn.execute("SELECT pgmb.create(%s, 'bare.#', 5, NULL, false)", (BARE_QUEUE,))
         conn.execute(
             f"CREATE TABLE {BASELINE_TABLE} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
             " vt timestamptz NOT NULL DEFAULT now(), body jsonb NOT NULL)"
@@ -145,18 +165,23 @@ def _case(
     return harness.Case(f"{label}, {clients} client{'s' if clients > 1 else ''}", run)
 
 
-def _rows(labels: dict[str, str], goal: float) -> list[harness.Row]:
-    """pgmb against PGMQ's read + delete (the goal) and its archive; without PGMQ, against
-    the plain table, with no goal."""
-    plain, pgmb = labels["plain"], labels["pgmb"]
+def _rows(labels: dict[str, str], goal: float, goal_bare: float) -> list[harness.Row]:
+    """pgmb with and without history against PGMQ's read + delete (the goals) and its
+    archive; without PGMQ, against the plain table, with no goal."""
+    plain, pgmb, bare = labels["plain"], labels["pgmb"], labels["pgmb_bare"]
     if "pgmq" not in labels:
-        return [harness.Row(plain, plain), harness.Row(pgmb, pgmb, "rate", plain)]
+        return [
+            harness.Row(plain, plain),
+            harness.Row(pgmb, pgmb, "rate", plain),
+            harness.Row(bare, bare, "rate", plain),
+        ]
     pgmq, archive = labels["pgmq"], labels["pgmq_archive"]
     return [
         harness.Row(plain, plain),
         harness.Row(pgmq, pgmq),
         harness.Row(archive, archive, "rate", pgmq),
         harness.Row(pgmb, pgmb, "rate", pgmq, goal, also=archive),
+        harness.Row(bare, bare, "rate", pgmq, goal_bare, also=archive),
     ]
 
 
@@ -167,7 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--size", type=int, default=200_000, help="messages in the queue at each run's start"
     )
-    parser.add_argument("--goal", type=float, default=1.0, help="pgmb / PGMQ to reach (1.0)")
+    parser.add_argument(
+        "--goal", type=float, default=0.6, help="pgmb with history / PGMQ to reach (0.6)"
+    )
+    parser.add_argument(
+        "--goal-bare", type=float, default=0.8, help="pgmb without history / PGMQ (0.8)"
+    )
     parser.add_argument("--db", default="pgmb_bench_pull", help="scratch database to create")
     parser.add_argument("--keep", action="store_true", help="do not drop the database")
     pgmq_sql.add_argument(parser)
@@ -183,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"FAILED: PGMQ from {args.pgmq_sql} did not load: {failure}")
             return 1
         harness.print_machine(
-            queues=f"pgmb: pull queue {PULL_QUEUE}; plain table {BASELINE_TABLE}"
+            queues=f"pgmb: pull queues {PULL_QUEUE} (history), {BARE_QUEUE} (no history);"
+            f" plain table {BASELINE_TABLE}"
             + ("; PGMQ: queue q (not partitioned, logged)" if with_pgmq else ""),
             pgbench=f"{pgbench_runner.version()}, {pgbench_runner.binary()}",
             pgmq=pgmq_sql.describe(args.pgmq_sql),
@@ -199,14 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for clients in (4, 1):
                 print(f"\n{clients} client{'s' if clients > 1 else ''}:")
-                kinds = KINDS_WITH_PGMQ if with_pgmq else ("plain", "pgmb")
+                kinds = KINDS_WITH_PGMQ if with_pgmq else KINDS_WITHOUT_PGMQ
                 group = tuple(
                     _case(kind, clients, seconds, args.size, server, problems) for kind in kinds
                 )
                 results = harness.measure([group], args.rounds, load)
                 harness.print_table(
                     results,
-                    _rows(dict(zip(kinds, (case.label for case in group), strict=True)), args.goal),
+                    _rows(
+                        dict(zip(kinds, (case.label for case in group), strict=True)),
+                        args.goal,
+                        args.goal_bare,
+                    ),
                     harness.best,
                     (harness.Column("server us/msg", "server_us", harness.least),),
                     ratio_title="vs pgmq" if with_pgmq else "vs plain",

@@ -52,6 +52,9 @@ class QueueMetrics:
     failed_last_hour: int
     paused: bool
     scrape_time: datetime
+    #: False: a pull queue whose deletes leave no history (keep_history off): its
+    #: acknowledged messages are missing from delivered_last_hour and total_messages.
+    keeps_history: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,18 +190,23 @@ QUEUE_FAMILIES: tuple[Family, ...] = (
            lambda m: m.oldest_msg_age_sec),
     Family("pgmb_queue_total_messages", "gauge",
            "Deliveries the queue ever had: live, dead and acknowledged "
-           "(purges and pruned history lower it).",
-           lambda m: m.total_messages),
+           "(purges and pruned history lower it; no sample: the queue keeps no history).",
+           lambda m: m.total_messages if m.keeps_history else None),
     Family("pgmb_queue_leased", "gauge", "Deliveries leased to a dispatcher.",
            lambda m: m.leased),
     Family("pgmb_queue_retrying", "gauge", "Deliveries waiting for another attempt.",
            lambda m: m.retrying),
     Family("pgmb_queue_dead_letters", "gauge", "Dead letters.", lambda m: m.dead_letters),
     Family("pgmb_queue_delivered_last_hour", "gauge",
-           "Acknowledged attempts in the last hour.", lambda m: m.delivered_last_hour),
+           "Acknowledged attempts in the last hour (no sample: the queue keeps no history).",
+           lambda m: m.delivered_last_hour if m.keeps_history else None),
     Family("pgmb_queue_failed_last_hour", "gauge", "Failed attempts in the last hour.",
            lambda m: m.failed_last_hour),
     Family("pgmb_queue_paused", "gauge", "1 when the queue is paused.", lambda m: m.paused),
+    Family("pgmb_queue_keeps_history", "gauge",
+           "0 when the queue's deletes leave no history (keep_history off): its delivered "
+           "and total counts are unknown, and have no sample.",
+           lambda m: m.keeps_history),
 )  # fmt: skip
 
 #: pgmb_worker_breaker_state's values.

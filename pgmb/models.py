@@ -502,6 +502,19 @@ class Queue(models.Model):
         db_default=DEFAULT_DEDUP_WINDOW,
         validators=[MinValueValidator(0), *_QUEUE_SECONDS],
     )
+    #: Whether a pull queue's acknowledged messages (pgmb.delete, pgmb.pop) leave an 'ack'
+    #: row in the history. Off, a delete only deletes, as PGMQ's does: the history, and
+    #: what is counted from it (delivered counts, latency, the archive), misses them
+    #: (docs/decisions/0063-pull-queues-without-history.md). Push queues always keep it.
+    keep_history = models.BooleanField(
+        default=True,
+        db_default=True,
+        help_text=_(
+            "Pull queues only. Off: a deleted (acknowledged) message leaves no history row, "
+            "so delivered counts and latency do not count it; archived, retried and "
+            "dead-lettered messages are still recorded."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -554,6 +567,11 @@ class Queue(models.Model):
             and self.backoff_max < self.backoff_base
         ):
             raise ValidationError({"backoff_max": _("The cap must not be below the base.")})
+        if self.worker_id is not None:
+            # A queue with a worker keeps its history (the constraint
+            # pgmb_queue_history_pull_only, for every writer). A form cannot tell an
+            # unchecked box from one it was not sent: the admin's forms keep it on.
+            self.keep_history = True
         self._clean_lease()
 
     def _clean_lease(self) -> None:

@@ -270,11 +270,24 @@ def queue_rows(queues: Sequence[QueueMetrics]) -> list[dict[str, Any]]:
             "retrying": q.retrying,
             "dead_letters": q.dead_letters,
             "oldest_due": health.age(q.oldest_msg_age_sec),
-            "delivered_last_hour": q.delivered_last_hour,
+            # Unknown without history (None: not summed, shown as such).
+            "delivered_last_hour": q.delivered_last_hour if q.keeps_history else None,
             "failed_last_hour": q.failed_last_hour,
         }
         for q in queues
     ]
+
+
+def history_note(queues: Sequence[QueueMetrics]) -> str | None:
+    """What the dashboard cannot count: the queues that keep no history, if any."""
+    names = [q.queue_name for q in queues if not q.keeps_history]
+    if not names:
+        return None
+    return gettext(
+        "Keep no history: %(names)s. Their deleted messages leave no trace, so they are "
+        "missing from the delivered counts, the charts' throughput and latency, and the "
+        "hourly statistics; archived, retried and dead-lettered messages are counted."
+    ) % {"names": ", ".join(names)}
 
 
 #: The queue table's columns that add up in its "all queues" row.
@@ -388,8 +401,10 @@ class DashboardAdmin(admin.ModelAdmin):
             "dispatchers_url": reverse("admin:pgmb_dispatcherprocess_changelist"),
         }
         context["queue_totals"] = {
-            key: sum(row[key] for row in context["queues"]) for key in SUMMED
+            key: sum(row[key] for row in context["queues"] if row[key] is not None)
+            for key in SUMMED
         }
+        context["history_note"] = history_note(queues)
         if points is not None:
             range_, queue, worker = form.chosen()
             if queue:

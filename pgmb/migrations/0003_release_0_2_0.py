@@ -1,4 +1,4 @@
-from django.db import migrations
+from django.db import migrations, models
 
 from pgmb.sql.operations import LockTables, RunMigrationSQL, RunPlpythonSQL
 
@@ -18,6 +18,22 @@ class Migration(migrations.Migration):
         # together, never one while waiting for another (LockTables, CONTRIBUTING.md).
         LockTables(
             "pgmb_queue",
+        ),
+        # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
+        # With its default a constant, adding the column writes no row, and 0.1.1's
+        # statements, which do not name it, keep working.
+        migrations.AddField(
+            model_name="queue",
+            name="keep_history",
+            field=models.BooleanField(
+                db_default=True,
+                default=True,
+                help_text=(
+                    "Pull queues only. Off: a deleted (acknowledged) message leaves no history "
+                    "row, so delivered counts and latency do not count it; archived, retried "
+                    "and dead-lettered messages are still recorded."
+                ),
+            ),
         ),
         RunMigrationSQL("0003_release_0_2_0"),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),

@@ -37,7 +37,7 @@ from psycopg import sql as pgsql
 from .. import sql
 from ..archive_age import DEFAULT_OLDER_THAN_DAYS, days_problem
 from ..errors import PipelineError
-from . import jdbc
+from . import jdbc, no_history
 from .cli import Output, positive_int, say
 from .hadoopfs import HadoopFS, Usage, reason
 from .postgres import Database
@@ -319,6 +319,8 @@ class _Archiver:
         """A new run: claim, write, record, delete."""
         run, cutoff = self._row("start_run", output=layout.root, seconds=days * 86_400)
         say(self.out, f"run {run}: messages finished before {_utc(cutoff)} …")
+        if unkept := no_history.note("archive", no_history.queues(self.conn)):
+            say(self.out, unkept)
         claimed = self.claim(run, cutoff)
         if not claimed:
             self._execute("mark_done", run=run)

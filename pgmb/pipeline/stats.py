@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from .. import sql
 from ..db.error_text import first_line
 from ..errors import PipelineError
+from . import no_history
 from .cli import Output, positive_int, say
 from .hourly import ALL, attempt_rows, figures
 from .jdbc import read_ranges, subquery
@@ -364,6 +365,10 @@ def run(spark: SparkSession, database: Database, options: argparse.Namespace, ou
     stored, n = read_database(spark, database, start, options.partitions)
     parts = stored.rdd.getNumPartitions() if stored is not None else 0
     say(out, f"stats: {n} attempts in PostgreSQL {since} (JDBC partitions: {parts})")
+    with database.connect() as conn:
+        unkept = no_history.note("stats", no_history.queues(conn))
+    if unkept:
+        say(out, unkept)
     archived = None
     if options.include_archive:
         archived = read_archive(spark, options.include_archive, start)

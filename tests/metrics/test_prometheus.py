@@ -59,6 +59,7 @@ def test_render_round_trip(world):
         "pgmb_queue_delivered_last_hour": 3,
         "pgmb_queue_failed_last_hour": 3,
         "pgmb_queue_paused": 0,
+        "pgmb_queue_keeps_history": 1,
     }
     idle = {k[0]: v for k, v in samples.items() if k[1:] == ("queue", "idle_queue")}
     assert idle["pgmb_queue_paused"] == 1

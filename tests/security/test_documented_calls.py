@@ -190,6 +190,8 @@ _BY_NAME = {
     "delivery_ids": "ARRAY[%(delivery_id)s]::bigint[]",
     "read_counts": "ARRAY[1]",
     "errors": "ARRAY['handler failed']",
+    # Valid for a push queue too (one with a worker may not turn it off).
+    "keep_history": "true",
 }
 _BY_TYPE = {
     "uuid": "gen_random_uuid()",

@@ -1,22 +1,26 @@
 -- Metrics for machines, as pgmb/metrics.py reads them: the functions of schema/metrics.sql.
+-- A queue's keep_history comes along: without history its deletes are not counted.
 
 -- name: queues
 SELECT m.queue_name, m.queue_length, m.queue_visible_length, m.newest_msg_age_sec,
        m.oldest_msg_age_sec, m.total_messages, m.leased, m.retrying, m.dead_letters,
-       m.delivered_last_hour, m.failed_last_hour, m.paused, m.scrape_time
+       m.delivered_last_hour, m.failed_last_hour, m.paused, m.scrape_time,
+       (SELECT q.keep_history FROM pgmb_queue q WHERE q.name = m.queue_name) AS keeps_history
 FROM pgmb.metrics_all() AS m
 
 -- name: queues_named
 SELECT m.queue_name, m.queue_length, m.queue_visible_length, m.newest_msg_age_sec,
        m.oldest_msg_age_sec, m.total_messages, m.leased, m.retrying, m.dead_letters,
-       m.delivered_last_hour, m.failed_last_hour, m.paused, m.scrape_time
+       m.delivered_last_hour, m.failed_last_hour, m.paused, m.scrape_time,
+       (SELECT q.keep_history FROM pgmb_queue q WHERE q.name = m.queue_name) AS keeps_history
 FROM pgmb.metrics_all() AS m
 WHERE m.queue_name = ANY(%(names)s)
 
 -- name: queue
 SELECT m.queue_name, m.queue_length, m.queue_visible_length, m.newest_msg_age_sec,
        m.oldest_msg_age_sec, m.total_messages, m.leased, m.retrying, m.dead_letters,
-       m.delivered_last_hour, m.failed_last_hour, m.paused, m.scrape_time
+       m.delivered_last_hour, m.failed_last_hour, m.paused, m.scrape_time,
+       (SELECT q.keep_history FROM pgmb_queue q WHERE q.name = m.queue_name) AS keeps_history
 FROM pgmb.metrics(%(queue)s) AS m
 
 -- name: workers

@@ -93,3 +93,8 @@ ORDER BY s.hour, s.worker_name
 -- name: latest
 -- The newest hour the statistics cover (NULL: none yet).
 SELECT max(s.hour) AS hour FROM pgmb_statistics s
+
+-- name: without_history
+-- The queues that keep no history (keep_history off): their deleted messages left no
+-- attempt to archive or count; the jobs name them in their reports.
+SELECT q.name::text FROM pgmb_queue q WHERE NOT q.keep_history ORDER BY q.name

@@ -521,10 +521,11 @@ BEGIN
     RETURN new_id;
 END $$;
 
--- Creates a queue; the documented argument order: (name, binding_key, max_retries,
--- worker_id). worker_id NULL makes a pull queue; an unknown worker id is an error.
--- Returns the queue's id.
-CREATE OR REPLACE FUNCTION pgmb.create(name text, binding_key text, max_retries integer, worker_id uuid)
+-- pgmb.create, and whether the queue keeps its history (pgmb_queue.keep_history, on by
+-- default): off, a pull queue's pgmb.delete and pgmb.pop write no 'ack' row
+-- (docs/decisions/0063-pull-queues-without-history.md). Only a pull queue may turn it off.
+CREATE OR REPLACE FUNCTION pgmb.create(name text, binding_key text, max_retries integer, worker_id uuid,
+                                       keep_history boolean)
 RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
     new_id uuid;
@@ -536,11 +537,54 @@ BEGIN
             USING ERRCODE = 'foreign_key_violation',
                   HINT = 'Register the worker first: SELECT pgmb.worker(name, endpoint, rps); or pass NULL for a pull queue.';
     END IF;
-    INSERT INTO pgmb_queue (name, binding_key, pattern, worker_id, max_retries)
-    VALUES ($1, $2, '', $4, $3)  -- "create" is a keyword, so no create.name
+    PERFORM pgmb.check_keep_history($1, $4, $5);
+    INSERT INTO pgmb_queue (name, binding_key, pattern, worker_id, max_retries, keep_history)
+    VALUES ($1, $2, '', $4, $3, $5)  -- "create" is a keyword, so no create.name
     RETURNING id INTO new_id;
     RETURN new_id;
 END $$;
+
+-- Turns a queue's history on or off (see pgmb.create above); returns the setting as it was.
+-- Takes effect for the deletes that start after it commits.
+CREATE OR REPLACE FUNCTION pgmb.set_keep_history(queue_name text, keep_history boolean)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    worker uuid;
+    was boolean;
+BEGIN
+    SELECT q.worker_id, q.keep_history INTO worker, was FROM pgmb_queue q WHERE q.name = queue_name
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_literal(queue_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    PERFORM pgmb.check_keep_history(queue_name, worker, keep_history);
+    UPDATE pgmb_queue q SET keep_history = set_keep_history.keep_history
+    WHERE q.name = queue_name AND q.keep_history IS DISTINCT FROM set_keep_history.keep_history;
+    RETURN was;
+END $$;
+
+-- The rule of the constraint pgmb_queue_history_pull_only, with its own message.
+CREATE OR REPLACE FUNCTION pgmb.check_keep_history(queue_name text, worker_id uuid, keep_history boolean)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF keep_history IS NULL THEN
+        RAISE EXCEPTION 'invalid keep_history NULL for queue %: it must be true or false', quote_literal(queue_name)
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT keep_history AND worker_id IS NOT NULL THEN
+        RAISE EXCEPTION 'queue % has a worker: only a pull queue may keep no history', quote_literal(queue_name)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A push queue''s history is what its delivered counts, replay and the worker''s health read.';
+    END IF;
+END $$;
+
+-- Creates a queue; the documented argument order: (name, binding_key, max_retries,
+-- worker_id). worker_id NULL makes a pull queue; an unknown worker id is an error.
+-- Returns the queue's id. It keeps its history (the five-argument pgmb.create above).
+CREATE OR REPLACE FUNCTION pgmb.create(name text, binding_key text, max_retries integer, worker_id uuid)
+RETURNS uuid
+LANGUAGE sql
+AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id, true) $$;
 
 -- The order the seed's Quick Start uses: (name, binding_key, worker_id, max_retries).
 CREATE OR REPLACE FUNCTION pgmb.create(name text, binding_key text, worker_id uuid, max_retries integer)

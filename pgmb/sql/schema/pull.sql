@@ -132,7 +132,10 @@ END $$;
 -- Settles read deliveries of one pull queue: deleted from the hot table, one history row
 -- each with outcome ('ack' or 'archived'). Returns the ids settled. Ids of another queue
 -- are an error; as it is raised after the delete, the delete is undone with the statement,
--- and the common case pays no second look-up.
+-- and the common case pays no second look-up. A queue that keeps no history (its
+-- keep_history off) writes no 'ack' row: its delete only deletes, as PGMQ's does; an
+-- archive is always recorded, as it is the only trace of an archived message
+-- (docs/decisions/0063-pull-queues-without-history.md).
 CREATE OR REPLACE FUNCTION pgmb.settle_reads(queue_name text, delivery_ids bigint[], outcome text)
 RETURNS SETOF bigint LANGUAGE plpgsql
 SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -142,16 +145,25 @@ DECLARE
     done bigint[];
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    WITH gone AS (
-        DELETE FROM pgmb_delivery d
-        WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
-        RETURNING d.id, d.message_id, d.queue_id, d.attempts
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT g.message_id, g.queue_id, g.attempts, settle_reads.outcome, NULL, NULL, '', clock_timestamp()
-        FROM gone g
-    )
-    SELECT array_agg(g.id) INTO done FROM gone g;
+    IF outcome = 'ack' AND NOT (SELECT qu.keep_history FROM pgmb_queue qu WHERE qu.id = q.id) THEN
+        WITH gone AS (
+            DELETE FROM pgmb_delivery d
+            WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
+            RETURNING d.id
+        )
+        SELECT array_agg(g.id) INTO done FROM gone g;
+    ELSE
+        WITH gone AS (
+            DELETE FROM pgmb_delivery d
+            WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
+            RETURNING d.id, d.message_id, d.queue_id, d.attempts
+        ), history AS (
+            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+            SELECT g.message_id, g.queue_id, g.attempts, settle_reads.outcome, NULL, NULL, '', clock_timestamp()
+            FROM gone g
+        )
+        SELECT array_agg(g.id) INTO done FROM gone g;
+    END IF;
     IF delivery_ids IS NULL OR coalesce(cardinality(done), 0) < cardinality(delivery_ids) THEN
         PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
     END IF;
@@ -172,8 +184,8 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(got);
 END $$;
 
--- Acknowledges read messages: their deliveries are deleted and the history says 'ack'.
--- Returns the ids deleted (PGMQ's delete).
+-- Acknowledges read messages: their deliveries are deleted and the history says 'ack'
+-- (unless the queue keeps no history). Returns the ids deleted (PGMQ's delete).
 CREATE OR REPLACE FUNCTION pgmb.delete(queue_name text, delivery_ids bigint[])
 RETURNS SETOF bigint LANGUAGE sql AS $$
     SELECT pgmb.settle_reads(queue_name, delivery_ids, 'ack')
@@ -185,8 +197,8 @@ RETURNS boolean LANGUAGE sql AS $$
     SELECT EXISTS (SELECT FROM pgmb.delete(queue_name, ARRAY[delivery_id]))
 $$;
 
--- Like pgmb.delete, with outcome 'archived' in the history (PGMQ's archive): the message is
--- kept, neither delivered nor failed.
+-- Like pgmb.delete, with outcome 'archived' in the history (PGMQ's archive), whether the
+-- queue keeps its history or not: the message is kept, neither delivered nor failed.
 CREATE OR REPLACE FUNCTION pgmb.archive(queue_name text, delivery_ids bigint[])
 RETURNS SETOF bigint LANGUAGE sql AS $$
     SELECT pgmb.settle_reads(queue_name, delivery_ids, 'archived')

@@ -35,7 +35,9 @@ ALTER TABLE pgmb_queue
     ADD CONSTRAINT pgmb_queue_durations_bounded
         CHECK (lease_seconds <= 2592000 AND backoff_base <= 2592000 AND backoff_max <= 2592000),
     ADD CONSTRAINT pgmb_queue_dedup_window_valid
-        CHECK (dedup_window >= 0 AND dedup_window <= 2592000);
+        CHECK (dedup_window >= 0 AND dedup_window <= 2592000),
+    -- Only a pull queue may keep no history (pgmb.check_keep_history, Queue.clean).
+    ADD CONSTRAINT pgmb_queue_history_pull_only CHECK (keep_history OR worker_id IS NULL);
 
 -- A queue's binding tags (pgmb.binding_tags of its binding key, kept by pgmb.prepare_queue):
 -- the routing trigger takes to the regex only the queues whose tags are all tags of the key,

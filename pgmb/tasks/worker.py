@@ -1,22 +1,28 @@
 """The worker side of :class:`~pgmb.tasks.PgmbBackend`: the pull queues that hold a
 backend's tasks, and the handler that runs their messages.
 
-``manage.py pgmb_tasks_worker`` uses both; ``manage.py pgmb_consume tasks_default
---handler pgmb.tasks.worker.run_message`` runs one queue with pgmb's plain consumer.
+``manage.py pgmb_tasks_worker`` uses both (:class:`TaskConsumer`); ``manage.py pgmb_consume
+tasks_default --handler pgmb.tasks.worker.run_message`` runs one queue with pgmb's plain
+consumer (one statement more a task).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
+import psycopg
 from django.db import close_old_connections, connections, transaction
 
-from .. import conf, sql
+from .. import conf, pull
+from ..consume import Consumer
 from ..errors import PgmbError
 from ..models import Queue
 from ..pull import Message
-from . import naming
-from .executor import run_task
+from . import executor, naming
+
+log = logging.getLogger("pgmb.tasks")
 
 
 class QueueConflict(PgmbError):
@@ -56,32 +62,99 @@ def _ensure(queue_name: str, alias: str) -> str:
     return name
 
 
-def max_attempts(message: Message, *, using: str | None = None) -> int:
-    """1 + the max_retries of the queue ``message`` was read from."""
-    with connections[using or conf.get().DATABASE].cursor() as cursor:
-        cursor.execute(sql.query("tasks.sql", "max_attempts"), {"delivery_id": message.id})
-        row = cursor.fetchone()
-    # Gone (settled meanwhile): a failure cannot dead-letter it, so it is not the last.
-    return int(row[0]) if row else message.read_ct + 1
-
-
 def run_message(message: Message, *, using: str | None = None) -> None:
-    """The handler of a tasks queue's consumer: run the task of one pull message.
+    """The handler of a tasks queue's plain consumer: run the task of one pull message.
 
-    Returns when the task succeeded (the consumer deletes the message) and raises when it
-    failed (the consumer fails it: retried after the queue's backoff, dead-lettered after
-    its last attempt). See :func:`pgmb.tasks.executor.run_task`.
+    Returns when the task succeeded (its success recorded; the consumer deletes the
+    message) and raises when it failed (the consumer fails it: retried after the queue's
+    backoff, dead-lettered after its last attempt). See :func:`pgmb.tasks.executor.run_task`.
     """
     _refresh_connections()
     try:
-        run_task(
+        done = executor.run(
             message.message_id,
             attempt=message.read_ct,
-            max_attempts=max_attempts(message, using=using),
+            delivery_id=message.id,
             using=using,
         )
+        if done is not None:
+            executor.record(done, using=using)
     finally:
         _refresh_connections()
+
+
+class TaskRunner:
+    """The handler of :class:`TaskConsumer`: runs a tasks queue's messages one by one and
+    records each success, with the delete of its message, in the statement that starts
+    the next task (:func:`pgmb.tasks.executor.run`): one round trip a task, plus the
+    consumer's read of a batch. :meth:`flush` records the last success of a batch."""
+
+    def __init__(self, queue: str, *, using: str | None = None) -> None:
+        self.queue = queue
+        self.using = using
+        self._done: executor.Success | None = None
+        self._succeeded_before: list[int] = []
+        self._deleted = 0
+
+    def __call__(self, message: Message) -> None:
+        previous, self._done = self._done, None
+        try:
+            done = executor.run(
+                message.message_id,
+                attempt=message.read_ct,
+                delivery_id=message.id,
+                ack_queue=self.queue,
+                previous=previous,
+                using=self.using,
+            )
+        finally:
+            # Recorded by the statement that started this task, whatever the task did.
+            self._deleted += previous is not None and previous.deleted
+        if done is None:
+            # Its task had succeeded already (the message came back before its delete):
+            # deleted with the batch.
+            self._succeeded_before.append(message.id)
+        self._done = done
+
+    def flush(self) -> int:
+        """Record the success still held (and delete its message); how many messages
+        this runner deleted since the last flush. A database error is logged, not raised
+        (the loop goes on)."""
+        done, self._done = self._done, None
+        stale, self._succeeded_before = self._succeeded_before, []
+        try:
+            if done is not None and executor.record(done, using=self.using):
+                self._deleted += 1
+            if stale:
+                self._deleted += len(pull.delete(self.queue, stale, using=self.using))
+        except Exception:
+            # Nothing is lost: a message not deleted comes back at the end of its
+            # visibility timeout, and a task whose success was not recorded runs again, as
+            # after a crash.
+            log.exception("could not settle the tasks of %s", self.queue)
+        deleted, self._deleted = self._deleted, 0
+        # As around a request, once a batch (see run_message).
+        _refresh_connections()
+        return deleted
+
+
+class TaskConsumer(Consumer):
+    """A tasks queue's consumer: :class:`TaskRunner` records each task's outcome and
+    deletes its message in one statement, so the consumer deletes nothing itself."""
+
+    def __init__(
+        self,
+        queue: str,
+        *,
+        vt: float | None = None,
+        using: str | None = None,
+        max_messages: int | None = None,
+    ) -> None:
+        self.runner = TaskRunner(queue, using=using)
+        super().__init__(queue, self.runner, vt=vt, using=using, max_messages=max_messages)
+
+    def settle_handled(self, conn: psycopg.Connection[Any], done: list[Message]) -> int:
+        return self.runner.flush()
 
 
 def _refresh_connections() -> None:

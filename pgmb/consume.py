@@ -379,8 +379,8 @@ class Consumer:
 
     def settle_handled(self, conn: psycopg.Connection[Any], done: list[Message]) -> int:
         """Acknowledge the messages the handler returned on, after each batch (a stop
-        included); how many were deleted. A subclass whose handler records its outcomes
-        and deletes its messages itself settles what it still holds here."""
+        included); how many were deleted. A subclass whose handler defers recording its
+        outcomes records them here first."""
         return len(run_on(conn, delete_call(self.queue, done)))
 
     def _wait(self, conn: psycopg.Connection[Any]) -> None:

@@ -76,7 +76,7 @@ def _record_failure(
     return error, status, finished_at
 
 
-@dataclass
+@dataclass(frozen=True)
 class Success:
     """A task that returned, whose success is not recorded yet: :func:`record` (or the
     :func:`run` of the next task) records it, then sends ``task_finished``."""
@@ -85,10 +85,6 @@ class Success:
     value: Any
     value_json: str
     sender: type
-    #: The message as a Tasks worker read it, deleted with the record: (queue, delivery id).
-    delivery: tuple[str, int] | None = None
-    #: Whether its record deleted that message (set by the record).
-    deleted: bool = False
 
 
 def _step(
@@ -98,15 +94,12 @@ def _step(
     delivery_id: int | None = None,
     done: Success | None = None,
 ) -> tuple[Any, ...]:
-    queue, done_delivery = done.delivery if done and done.delivery else (None, None)
     row = _execute(
         alias,
         "step",
         {
             "done_id": uuid.UUID(done.result.id) if done else None,
             "return_value": done.value_json if done else None,
-            "done_queue": queue,
-            "done_delivery": done_delivery,
             "id": start,
             "worker_id": worker_id(),
             "delivery_id": delivery_id,
@@ -114,7 +107,6 @@ def _step(
     )
     assert row is not None  # the statement returns one row
     if done is not None:
-        done.deleted = bool(row[1])
         _finished(done, row[0])
     return row
 
@@ -127,11 +119,9 @@ def _finished(done: Success, finished_at: Any) -> None:
     task_finished.send(sender=done.sender, task_result=result)
 
 
-def record(done: Success, *, using: str | None = None) -> bool:
-    """Record the success of ``done`` (and delete its message, if it has one); whether
-    the message was deleted. One statement."""
+def record(done: Success, *, using: str | None = None) -> None:
+    """Record the success of ``done``, then send ``task_finished``. One statement."""
     _step(using or conf.get().DATABASE, done=done)
-    return done.deleted
 
 
 def run_task(
@@ -167,7 +157,6 @@ def run(
     attempt: int,
     max_attempts: int | None = None,
     delivery_id: int | None = None,
-    ack_queue: str | None = None,
     previous: Success | None = None,
     using: str | None = None,
 ) -> Success | None:
@@ -175,17 +164,16 @@ def run(
     (:func:`record`, or the ``run`` of the next task as ``previous``).
 
     ``delivery_id`` is the message as read from a pull queue: with ``max_attempts`` None,
-    its queue's max_retries tell the attempts allowed. With ``ack_queue`` (that queue's
-    name), the success's record deletes it. ``previous`` is recorded in the statement that starts
-    this task (its ``task_finished`` is sent then). Starting the task is one statement;
-    a failure is recorded in one more.
+    its queue's max_retries tell the attempts allowed. ``previous`` is recorded in the
+    statement that starts this task (its ``task_finished`` is sent then). Starting the
+    task is one statement; a failure is recorded in one more.
     """
     from .backend import PgmbBackend
 
     alias = using or conf.get().DATABASE
     mid = uuid.UUID(str(message_id))
     row = _step(alias, start=mid, delivery_id=delivery_id, done=previous)
-    allowed, row = row[2], row[3:]
+    allowed, row = row[1], row[2:]
     if max_attempts is None:
         # Gone (settled meanwhile): a failure cannot dead-letter it, so it is not the last.
         max_attempts = int(allowed) if allowed is not None else attempt + 1
@@ -228,5 +216,4 @@ def run(
         if final:
             task_finished.send(sender=sender, task_result=result)
         raise
-    delivery = (ack_queue, delivery_id) if ack_queue and delivery_id is not None else None
-    return Success(result, value, value_json, sender, delivery)
+    return Success(result, value, value_json, sender)

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from django.db import close_old_connections, connections, transaction
 
-from .. import conf, pull
+from .. import conf
 from ..consume import Consumer
 from ..errors import PgmbError
 from ..models import Queue
@@ -85,62 +85,45 @@ def run_message(message: Message, *, using: str | None = None) -> None:
 
 class TaskRunner:
     """The handler of :class:`TaskConsumer`: runs a tasks queue's messages one by one and
-    records each success, with the delete of its message, in the statement that starts
-    the next task (:func:`pgmb.tasks.executor.run`): one round trip a task, plus the
-    consumer's read of a batch. :meth:`flush` records the last success of a batch."""
+    records each success in the statement that starts the next task
+    (:func:`pgmb.tasks.executor.run`): one round trip a task, plus the consumer's read and
+    delete of a batch. :meth:`flush` records the last success of a batch."""
 
     def __init__(self, queue: str, *, using: str | None = None) -> None:
         self.queue = queue
         self.using = using
         self._done: executor.Success | None = None
-        self._succeeded_before: list[int] = []
-        self._deleted = 0
 
     def __call__(self, message: Message) -> None:
         previous, self._done = self._done, None
-        try:
-            done = executor.run(
-                message.message_id,
-                attempt=message.read_ct,
-                delivery_id=message.id,
-                ack_queue=self.queue,
-                previous=previous,
-                using=self.using,
-            )
-        finally:
-            # Recorded by the statement that started this task, whatever the task did.
-            self._deleted += previous is not None and previous.deleted
-        if done is None:
-            # Its task had succeeded already (the message came back before its delete):
-            # deleted with the batch.
-            self._succeeded_before.append(message.id)
-        self._done = done
+        self._done = executor.run(
+            message.message_id,
+            attempt=message.read_ct,
+            delivery_id=message.id,
+            previous=previous,
+            using=self.using,
+        )
 
-    def flush(self) -> int:
-        """Record the success still held (and delete its message); how many messages
-        this runner deleted since the last flush. A database error is logged, not raised
-        (the loop goes on)."""
+    def flush(self) -> bool:
+        """Record the success still held; whether that worked (a database error is
+        logged, not raised: the loop goes on)."""
         done, self._done = self._done, None
-        stale, self._succeeded_before = self._succeeded_before, []
         try:
-            if done is not None and executor.record(done, using=self.using):
-                self._deleted += 1
-            if stale:
-                self._deleted += len(pull.delete(self.queue, stale, using=self.using))
+            if done is not None:
+                executor.record(done, using=self.using)
         except Exception:
-            # Nothing is lost: a message not deleted comes back at the end of its
-            # visibility timeout, and a task whose success was not recorded runs again, as
-            # after a crash.
-            log.exception("could not settle the tasks of %s", self.queue)
-        deleted, self._deleted = self._deleted, 0
-        # As around a request, once a batch (see run_message).
-        _refresh_connections()
-        return deleted
+            log.exception("could not record the success of task %s", done and done.result.id)
+            return False
+        finally:
+            # As around a request, once a batch (see run_message).
+            _refresh_connections()
+        return True
 
 
 class TaskConsumer(Consumer):
-    """A tasks queue's consumer: :class:`TaskRunner` records each task's outcome and
-    deletes its message in one statement, so the consumer deletes nothing itself."""
+    """A tasks queue's consumer: :class:`TaskRunner` records each task's success in the
+    statement that starts the next one; the batch's messages are deleted after the last
+    success is recorded."""
 
     def __init__(
         self,
@@ -154,7 +137,11 @@ class TaskConsumer(Consumer):
         super().__init__(queue, self.runner, vt=vt, using=using, max_messages=max_messages)
 
     def settle_handled(self, conn: psycopg.Connection[Any], done: list[Message]) -> int:
-        return self.runner.flush()
+        if not self.runner.flush():
+            # A success not recorded: its message must come back, and its task run
+            # again. The batch's messages are left to their visibility timeout.
+            return 0
+        return super().settle_handled(conn, done)
 
 
 def _refresh_connections() -> None:

@@ -49,27 +49,20 @@ WHERE r.id = %(id)s
 
 -- name: step
 -- A worker's step between two tasks, one statement (one round trip, one transaction):
--- record the success of the task it ran (done_id; NULL: none) and, from a Tasks worker
--- (done_queue, done_delivery), delete its message; then mark the next task (id; NULL:
--- none) RUNNING and return it with the attempts its queue allows (delivery_id: the
--- message as read; NULL when unknown). The success is recorded in the same transaction
--- as the delete, so a task that succeeded is never run again: its message either is gone
--- or comes back to a result that says SUCCESSFUL, which `start` skips.
--- Columns: the finished_at of the success (NULL: none recorded), whether the message was
--- deleted, the attempts allowed, then pgmb.tasks.results.COLUMNS of the started task
--- (NULLs: none started).
+-- record the success of the task it ran (done_id; NULL: none), then mark the next task
+-- (id; NULL: none) RUNNING and return it with the attempts its queue allows (delivery_id:
+-- its message as read; NULL when unknown). The consumer deletes the messages of a batch
+-- after it: a message that comes back meanwhile finds its result SUCCESSFUL, which the
+-- UPDATE below skips, so a task that succeeded is not run again.
+-- Columns: the finished_at of the success (NULL: none recorded), the attempts allowed,
+-- then pgmb.tasks.results.COLUMNS of the started task (NULLs: none started).
 WITH succeeded AS (
     UPDATE pgmb_task_result
     SET status = 'SUCCESSFUL', return_value = %(return_value)s::jsonb,
         finished_at = statement_timestamp()
     WHERE id = %(done_id)s
     RETURNING finished_at
-), acked AS (
-    SELECT pgmb.delete(%(done_queue)s::text, %(done_delivery)s::bigint) AS deleted
-    WHERE %(done_delivery)s::bigint IS NOT NULL
 ), started AS (
-    -- A task that already succeeded is not run again (its message came back after the
-    -- worker recorded the outcome but before it deleted the message).
     UPDATE pgmb_task_result
     SET status = 'RUNNING',
         started_at = coalesce(started_at, statement_timestamp()),
@@ -80,7 +73,7 @@ WITH succeeded AS (
               enqueued_at, started_at, last_attempted_at, finished_at, return_value, errors,
               worker_ids
 )
-SELECT (SELECT finished_at FROM succeeded), coalesce((SELECT deleted FROM acked), false),
+SELECT (SELECT finished_at FROM succeeded),
        (SELECT 1 + q.max_retries
         FROM pgmb_delivery AS d JOIN pgmb_queue AS q ON q.id = d.queue_id
         WHERE d.id = %(delivery_id)s::bigint),

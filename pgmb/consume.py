@@ -369,13 +369,19 @@ class Consumer:
             # Stopping: what was read and not handled is visible again at once.
             run_on(conn, set_vt_call(self.queue, rest, 0))
         if done:
-            self.deleted += len(run_on(conn, delete_call(self.queue, done)))
+            self.deleted += self.settle_handled(conn, done)
         if failed:
             run_on(
                 conn,
                 nack_call(self.queue, [m for m, _ in failed], [e for _, e in failed]),
             )
             self.failed += len(failed)
+
+    def settle_handled(self, conn: psycopg.Connection[Any], done: list[Message]) -> int:
+        """Acknowledge the messages the handler returned on, after each batch (a stop
+        included); how many were deleted. A subclass whose handler defers recording its
+        outcomes records them here first."""
+        return len(run_on(conn, delete_call(self.queue, done)))
 
     def _wait(self, conn: psycopg.Connection[Any]) -> None:
         """Nothing to read: mark this consumer waiting and read once more; with the mark

@@ -18,9 +18,12 @@ from django.core import checks
 from django.db import connections, transaction
 
 from .. import conf, sql
-from ..errors import PgmbError
+from ..durations import check_time
+from ..errors import InvalidBody, PgmbError
 from ..ids import uuid7
-from ..publish import send
+from ..message_limits import body_problem
+from ..options import check_options
+from ..routing import validate_routing_key
 from . import naming, results
 from .compat import (
     BaseTaskBackend,
@@ -86,8 +89,8 @@ class PgmbBackend(BaseTaskBackend):
         args: P.args,  # type: ignore[valid-type]
         kwargs: P.kwargs,  # type: ignore[valid-type]
     ) -> TaskResult[T]:
-        """Publish the task's message and write its READY result, in the caller's
-        transaction: if it rolls back, the task was never enqueued.
+        """Publish the task's message and write its READY result, in one statement of the
+        caller's transaction: if it rolls back, the task was never enqueued.
 
         Raises the framework's ``InvalidTask`` for a task this backend cannot run,
         ``TypeError`` for arguments that are not JSON, and :class:`UnroutedTask` when no
@@ -117,39 +120,42 @@ class PgmbBackend(BaseTaskBackend):
         except ValueError as exc:
             raise TypeError(f"task arguments must be JSON: {exc}") from exc
         key = naming.routing_key(task.queue_name)
+        # The checks pgmb.publish.send makes of a message, before anything is written.
+        validate_routing_key(key)
         body = {"task": task.module_path, "backend": self.alias}
-        # One atomic block: a message without its result row (or the reverse) never exists.
-        with transaction.atomic(using=self.database):
-            send(
-                key,
-                body,
-                delay=task.run_after,
-                message_id=message_id,
-                priority=-task.priority,
-                using=self.database,
+        problem = body_problem(body)
+        if problem is not None:
+            raise InvalidBody(f"message refused: {problem}")
+        options = check_options(message_id, priority=-task.priority)
+        run_after = None if task.run_after is None else check_time(task.run_after)
+        # One statement: the message and its result row are written together or not at
+        # all, with no savepoint inside the caller's transaction nor a transaction of its
+        # own in autocommit.
+        with connections[self.database].cursor() as cursor:
+            cursor.execute(
+                sql.query("tasks.sql", "enqueue"),
+                {
+                    "id": message_id,
+                    "key": key,
+                    "body": json.dumps(body),
+                    "message_priority": options.priority,
+                    "backend": self.alias,
+                    "task_path": task.module_path,
+                    "queue_name": task.queue_name,
+                    "priority": task.priority,
+                    "run_after": run_after,
+                    "args": args_json,
+                    "kwargs": kwargs_json,
+                },
             )
-            with connections[self.database].cursor() as cursor:
-                cursor.execute(
-                    sql.query("tasks.sql", "insert_result"),
-                    {
-                        "id": message_id,
-                        "backend": self.alias,
-                        "task_path": task.module_path,
-                        "queue_name": task.queue_name,
-                        "priority": task.priority,
-                        "run_after": task.run_after,
-                        "args": args_json,
-                        "kwargs": kwargs_json,
-                    },
-                )
-                enqueued_at, routed = cursor.fetchone()
-            if not routed:
-                raise UnroutedTask(
-                    f"no pgmb queue is bound to {key!r}, so task {task.module_path} would "
-                    "never run: run 'manage.py pgmb_tasks_worker --create-queues' (it "
-                    f"creates the pull queue {naming.pgmb_queue(task.queue_name)!r}) or "
-                    "start the worker"
-                )
+            routed, enqueued_at = cursor.fetchone()
+        if not routed:
+            raise UnroutedTask(
+                f"no pgmb queue is bound to {key!r}, so task {task.module_path} would "
+                "never run: run 'manage.py pgmb_tasks_worker --create-queues' (it "
+                f"creates the pull queue {naming.pgmb_queue(task.queue_name)!r}) or "
+                "start the worker"
+            )
         object.__setattr__(result, "enqueued_at", enqueued_at)
         # Like the message, the enqueue happened only if the transaction commits.
         transaction.on_commit(

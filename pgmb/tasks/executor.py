@@ -1,10 +1,11 @@
 """Running one task message: the part of a worker that knows about tasks.
 
-A consumer of the pgmb queue ``tasks_<queue_name>`` calls :func:`run_task` once per
-message, outside any transaction, with the message's id, the attempt's number and how many
-attempts the queue allows. It returns when the task succeeded (acknowledge the message)
-and raises the task's exception when it failed (fail the message: the queue retries it
-with backoff, and dead-letters it after its last attempt).
+A consumer of the pgmb queue ``tasks_<queue_name>`` calls :func:`run_task` (or, to save
+a round trip per task, :func:`run` and :func:`record`) once per message, outside any
+transaction, with the message's id, the attempt's number and how many attempts the queue
+allows. It returns when the task succeeded (acknowledge the message) and raises the
+task's exception when it failed (fail the message: the queue retries it with backoff, and
+dead-letters it after its last attempt).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import socket
 import traceback
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
@@ -74,11 +76,59 @@ def _record_failure(
     return error, status, finished_at
 
 
+@dataclass(frozen=True)
+class Success:
+    """A task that returned, whose success is not recorded yet: :func:`record` (or the
+    :func:`run` of the next task) records it, then sends ``task_finished``."""
+
+    result: TaskResult
+    value: Any
+    value_json: str
+    sender: type
+
+
+def _step(
+    alias: str,
+    *,
+    start: uuid.UUID | None = None,
+    delivery_id: int | None = None,
+    done: Success | None = None,
+) -> tuple[Any, ...]:
+    row = _execute(
+        alias,
+        "step",
+        {
+            "done_id": uuid.UUID(done.result.id) if done else None,
+            "return_value": done.value_json if done else None,
+            "id": start,
+            "worker_id": worker_id(),
+            "delivery_id": delivery_id,
+        },
+    )
+    assert row is not None  # the statement returns one row
+    if done is not None:
+        _finished(done, row[0])
+    return row
+
+
+def _finished(done: Success, finished_at: Any) -> None:
+    result = done.result
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", finished_at)
+    object.__setattr__(result, "_return_value", done.value)
+    task_finished.send(sender=done.sender, task_result=result)
+
+
+def record(done: Success, *, using: str | None = None) -> None:
+    """Record the success of ``done``, then send ``task_finished``. One statement."""
+    _step(using or conf.get().DATABASE, done=done)
+
+
 def run_task(
     message_id: uuid.UUID | str,
     *,
     attempt: int,
-    max_attempts: int,
+    max_attempts: int | None,
     using: str | None = None,
 ) -> TaskResult | None:
     """Run the task of message ``message_id`` and record its outcome in its result.
@@ -94,13 +144,41 @@ def run_task(
     this worker can run (no result row, a task path that does not import, another
     backend's task): each such failure is an attempt like any other.
     """
+    done = run(message_id, attempt=attempt, max_attempts=max_attempts, using=using)
+    if done is None:
+        return None
+    record(done, using=using)
+    return done.result
+
+
+def run(
+    message_id: uuid.UUID | str,
+    *,
+    attempt: int,
+    max_attempts: int | None = None,
+    delivery_id: int | None = None,
+    previous: Success | None = None,
+    using: str | None = None,
+) -> Success | None:
+    """:func:`run_task` up to the record of its success, which is left to the caller
+    (:func:`record`, or the ``run`` of the next task as ``previous``).
+
+    ``delivery_id`` is the message as read from a pull queue: with ``max_attempts`` None,
+    its queue's max_retries tell the attempts allowed. ``previous`` is recorded in the
+    statement that starts this task (its ``task_finished`` is sent then). Starting the
+    task is one statement; a failure is recorded in one more.
+    """
     from .backend import PgmbBackend
 
     alias = using or conf.get().DATABASE
     mid = uuid.UUID(str(message_id))
+    row = _step(alias, start=mid, delivery_id=delivery_id, done=previous)
+    allowed, row = row[1], row[2:]
+    if max_attempts is None:
+        # Gone (settled meanwhile): a failure cannot dead-letter it, so it is not the last.
+        max_attempts = int(allowed) if allowed is not None else attempt + 1
     final = attempt >= max_attempts
-    row = _execute(alias, "start", {"id": mid, "worker_id": worker_id()})
-    if row is None:
+    if row[0] is None:
         if _execute(alias, "status", {"id": mid}) is not None:
             logger.info("task %s already succeeded: not run again", mid)
             return None
@@ -138,9 +216,4 @@ def run_task(
         if final:
             task_finished.send(sender=sender, task_result=result)
         raise
-    done = _execute(alias, "succeed", {"id": mid, "return_value": value_json})
-    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "finished_at", done[0] if done else None)
-    object.__setattr__(result, "_return_value", value)
-    task_finished.send(sender=sender, task_result=result)
-    return result
+    return Success(result, value, value_json, sender)

@@ -1,22 +1,28 @@
 """The worker side of :class:`~pgmb.tasks.PgmbBackend`: the pull queues that hold a
 backend's tasks, and the handler that runs their messages.
 
-``manage.py pgmb_tasks_worker`` uses both; ``manage.py pgmb_consume tasks_default
---handler pgmb.tasks.worker.run_message`` runs one queue with pgmb's plain consumer.
+``manage.py pgmb_tasks_worker`` uses both (:class:`TaskConsumer`); ``manage.py pgmb_consume
+tasks_default --handler pgmb.tasks.worker.run_message`` runs one queue with pgmb's plain
+consumer (one statement more a task).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
+import psycopg
 from django.db import close_old_connections, connections, transaction
 
-from .. import conf, sql
+from .. import conf
+from ..consume import Consumer
 from ..errors import PgmbError
 from ..models import Queue
 from ..pull import Message
-from . import naming
-from .executor import run_task
+from . import executor, naming
+
+log = logging.getLogger("pgmb.tasks")
 
 
 class QueueConflict(PgmbError):
@@ -56,32 +62,86 @@ def _ensure(queue_name: str, alias: str) -> str:
     return name
 
 
-def max_attempts(message: Message, *, using: str | None = None) -> int:
-    """1 + the max_retries of the queue ``message`` was read from."""
-    with connections[using or conf.get().DATABASE].cursor() as cursor:
-        cursor.execute(sql.query("tasks.sql", "max_attempts"), {"delivery_id": message.id})
-        row = cursor.fetchone()
-    # Gone (settled meanwhile): a failure cannot dead-letter it, so it is not the last.
-    return int(row[0]) if row else message.read_ct + 1
-
-
 def run_message(message: Message, *, using: str | None = None) -> None:
-    """The handler of a tasks queue's consumer: run the task of one pull message.
+    """The handler of a tasks queue's plain consumer: run the task of one pull message.
 
-    Returns when the task succeeded (the consumer deletes the message) and raises when it
-    failed (the consumer fails it: retried after the queue's backoff, dead-lettered after
-    its last attempt). See :func:`pgmb.tasks.executor.run_task`.
+    Returns when the task succeeded (its success recorded; the consumer deletes the
+    message) and raises when it failed (the consumer fails it: retried after the queue's
+    backoff, dead-lettered after its last attempt). See :func:`pgmb.tasks.executor.run_task`.
     """
     _refresh_connections()
     try:
-        run_task(
+        done = executor.run(
             message.message_id,
             attempt=message.read_ct,
-            max_attempts=max_attempts(message, using=using),
+            delivery_id=message.id,
             using=using,
         )
+        if done is not None:
+            executor.record(done, using=using)
     finally:
         _refresh_connections()
+
+
+class TaskRunner:
+    """The handler of :class:`TaskConsumer`: runs a tasks queue's messages one by one and
+    records each success in the statement that starts the next task
+    (:func:`pgmb.tasks.executor.run`): one round trip a task, plus the consumer's read and
+    delete of a batch. :meth:`flush` records the last success of a batch."""
+
+    def __init__(self, queue: str, *, using: str | None = None) -> None:
+        self.queue = queue
+        self.using = using
+        self._done: executor.Success | None = None
+
+    def __call__(self, message: Message) -> None:
+        previous, self._done = self._done, None
+        self._done = executor.run(
+            message.message_id,
+            attempt=message.read_ct,
+            delivery_id=message.id,
+            previous=previous,
+            using=self.using,
+        )
+
+    def flush(self) -> bool:
+        """Record the success still held; whether that worked (a database error is
+        logged, not raised: the loop goes on)."""
+        done, self._done = self._done, None
+        try:
+            if done is not None:
+                executor.record(done, using=self.using)
+        except Exception:
+            log.exception("could not record the success of task %s", done and done.result.id)
+            return False
+        finally:
+            # As around a request, once a batch (see run_message).
+            _refresh_connections()
+        return True
+
+
+class TaskConsumer(Consumer):
+    """A tasks queue's consumer: :class:`TaskRunner` records each task's success in the
+    statement that starts the next one; the batch's messages are deleted after the last
+    success is recorded."""
+
+    def __init__(
+        self,
+        queue: str,
+        *,
+        vt: float | None = None,
+        using: str | None = None,
+        max_messages: int | None = None,
+    ) -> None:
+        self.runner = TaskRunner(queue, using=using)
+        super().__init__(queue, self.runner, vt=vt, using=using, max_messages=max_messages)
+
+    def settle_handled(self, conn: psycopg.Connection[Any], done: list[Message]) -> int:
+        if not self.runner.flush():
+            # A success not recorded: its message must come back, and its task run
+            # again. The batch's messages are left to their visibility timeout.
+            return 0
+        return super().settle_handled(conn, done)
 
 
 def _refresh_connections() -> None:

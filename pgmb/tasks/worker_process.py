@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from django.db import OperationalError, connections
@@ -21,7 +20,7 @@ from ..consume import Consumer
 from ..db.backoff import Backoff
 from ..db.error_text import first_line
 from ..db.reconnecting import WARN_EVERY
-from .worker import ensure_queues, run_message
+from .worker import TaskConsumer, ensure_queues
 
 log = logging.getLogger("pgmb.tasks")
 
@@ -55,8 +54,7 @@ def start(
                 return None
     if warned_at is not None:
         log.warning("reached the database")
-    handler = partial(run_message, using=alias)
-    consumers.extend(Consumer(q, handler, vt=vt, using=alias) for q in queues)
+    consumers.extend(TaskConsumer(q, vt=vt, using=alias) for q in queues)
     try:
         for consumer in consumers:
             # Stopped meanwhile: the rest are not connected, and close() is harmless.

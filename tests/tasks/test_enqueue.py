@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.core import checks
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 from django_tasks import TaskResultStatus, task_backends
@@ -17,6 +19,7 @@ from django_tasks.signals import task_enqueued
 
 from pgmb import pull
 from pgmb.models import Delivery, Message, Queue
+from pgmb.models import TaskResult as TaskResultRow
 from pgmb.tasks import PgmbBackend, UnroutedTask
 from pgmb.tasks.worker import ensure_queues
 from tests.tasks import jobs
@@ -41,8 +44,9 @@ def test_the_backend_is_pgmb_and_says_what_it_supports():
 
 
 def test_enqueue_publishes_one_message_and_a_ready_result(task_queues, django_assert_num_queries):
-    # The savepoint, the message, the result row, the savepoint's release.
-    with django_assert_num_queries(4):
+    # One statement in the caller's transaction: the message and its result row, with no
+    # savepoint around them.
+    with django_assert_num_queries(1):
         result = jobs.add.enqueue(2, b=3)
     assert result.status == TaskResultStatus.READY
     assert result.enqueued_at is not None
@@ -115,15 +119,23 @@ def test_enqueued_is_signalled_at_commit_only(task_queues, django_capture_on_com
         task_enqueued.disconnect(receiver)
 
 
-def test_a_queue_nothing_consumes_is_refused_and_nothing_is_written(make_queue):
+def test_a_queue_nothing_consumes_is_refused_and_nothing_is_written(
+    make_queue, django_assert_num_queries
+):
     make_queue(binding_key="tasks.emails")  # not the task's queue
     before = Message.objects.count()
-    with pytest.raises(
-        UnroutedTask, match=r"no pgmb queue is bound to 'tasks.default'.*tasks_default"
+    # One statement that writes nothing and raises nothing in the database: the caller's
+    # transaction goes on (the queries below run in it), with no savepoint to roll back.
+    with (
+        django_assert_num_queries(1),
+        pytest.raises(
+            UnroutedTask, match=r"no pgmb queue is bound to 'tasks.default'.*tasks_default"
+        ),
     ):
         jobs.add.enqueue(1, 2)
     assert Message.objects.count() == before
     assert not Delivery.objects.exists()
+    assert not TaskResultRow.objects.exists()
     with pytest.raises(InvalidTaskError):  # what the framework's callers catch
         jobs.add.enqueue(1, 2)
 
@@ -210,3 +222,28 @@ def test_options_are_checked():
     assert [e.id for e in found] == ["pgmb.E102", "pgmb.E103"]
     assert "'COLOUR'" in found[0].msg and "'nope'" in found[1].msg
     assert all(isinstance(e, checks.Error) for e in found)
+
+
+def _statements(alias: str = "default") -> tuple[list[str], Callable[..., Any]]:
+    """The statements a Django connection runs, recorded by an execute wrapper (which also
+    sees savepoints; in autocommit, each statement is a transaction of its own)."""
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    return seen, wrapper
+
+
+def test_an_enqueue_in_autocommit_is_one_statement_and_one_transaction(transactional_db):
+    ensure_queues(["default"])
+    conn = connections["default"]
+    seen, wrapper = _statements()
+    with conn.execute_wrapper(wrapper):
+        assert conn.get_autocommit() and not conn.in_atomic_block
+        result = jobs.add.enqueue(2, 3)
+    assert len(seen) == 1 and "INSERT INTO pgmb_task_result" in seen[0]
+    assert Message.objects.filter(id=result.id).exists()
+    assert jobs.add.get_result(result.id).enqueued_at == result.enqueued_at
+    assert Delivery.objects.filter(message_id=result.id).count() == 1

@@ -2,15 +2,33 @@
 -- keyed by the message's id. Every statement that returns a result returns the columns of
 -- pgmb.tasks.results.COLUMNS, in that order.
 
--- name: insert_result
--- Right after pgmb.publish.send, in the same transaction: the routing trigger has run, so
--- pgmb.unrouted() says whether some queue got the message.
-INSERT INTO pgmb_task_result
-    (id, backend, task_path, queue_name, priority, run_after, args, kwargs, status,
-     enqueued_at, errors, worker_ids)
-VALUES (%(id)s, %(backend)s, %(task_path)s, %(queue_name)s, %(priority)s, %(run_after)s,
-        %(args)s::jsonb, %(kwargs)s::jsonb, 'READY', statement_timestamp(), '[]', '{}')
-RETURNING enqueued_at, NOT EXISTS (SELECT 1 FROM pgmb.unrouted(ARRAY[id]))
+-- name: enqueue
+-- One statement, so one round trip and, in autocommit, one transaction: the task's message
+-- (as pgmb.publish.send writes it; the routing trigger delivers it at the end of the
+-- statement) and its READY result. Only when some queue is bound to the key (the routing
+-- rule of pgmb.admit_message and the route_messages trigger: the binding's tags, then its
+-- pattern): otherwise nothing is written and `routed` is false, with the caller's
+-- transaction still usable (no error was raised in it).
+WITH routed AS (
+    SELECT EXISTS (SELECT FROM pgmb_queue AS q
+                   WHERE q.binding_tags <@ pgmb.key_tags(%(key)s::text)
+                     AND ('.' || %(key)s::text) ~ q.pattern) AS ok
+), message AS (
+    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority)
+    SELECT %(id)s, %(key)s, %(body)s::jsonb, '{}', now(),
+           greatest(now(), coalesce(%(run_after)s::timestamptz, now())), %(message_priority)s
+    FROM routed WHERE routed.ok
+    RETURNING id
+), result AS (
+    INSERT INTO pgmb_task_result
+        (id, backend, task_path, queue_name, priority, run_after, args, kwargs, status,
+         enqueued_at, errors, worker_ids)
+    SELECT message.id, %(backend)s, %(task_path)s, %(queue_name)s, %(priority)s, %(run_after)s,
+           %(args)s::jsonb, %(kwargs)s::jsonb, 'READY', statement_timestamp(), '[]', '{}'
+    FROM message
+    RETURNING enqueued_at
+)
+SELECT routed.ok, (SELECT result.enqueued_at FROM result) FROM routed
 
 -- name: get_result
 -- A task whose message was dead-lettered without its worker recording the outcome (the
@@ -29,28 +47,41 @@ LEFT JOIN LATERAL (
 ) AS dead ON r.status IN ('READY', 'RUNNING')
 WHERE r.id = %(id)s
 
--- name: start
--- A task that already succeeded is not run again (its message came back after the worker
--- recorded the outcome but before it acknowledged the message).
-UPDATE pgmb_task_result
-SET status = 'RUNNING',
-    started_at = coalesce(started_at, statement_timestamp()),
-    last_attempted_at = statement_timestamp(),
-    worker_ids = worker_ids || %(worker_id)s::text
-WHERE id = %(id)s AND status <> 'SUCCESSFUL'
-RETURNING id, backend, task_path, queue_name, priority, run_after, args, kwargs, status,
-          enqueued_at, started_at, last_attempted_at, finished_at, return_value, errors,
-          worker_ids
+-- name: step
+-- A worker's step between two tasks, one statement (one round trip, one transaction):
+-- record the success of the task it ran (done_id; NULL: none), then mark the next task
+-- (id; NULL: none) RUNNING and return it with the attempts its queue allows (delivery_id:
+-- its message as read; NULL when unknown). The consumer deletes the messages of a batch
+-- after it: a message that comes back meanwhile finds its result SUCCESSFUL, which the
+-- UPDATE below skips, so a task that succeeded is not run again.
+-- Columns: the finished_at of the success (NULL: none recorded), the attempts allowed,
+-- then pgmb.tasks.results.COLUMNS of the started task (NULLs: none started).
+WITH succeeded AS (
+    UPDATE pgmb_task_result
+    SET status = 'SUCCESSFUL', return_value = %(return_value)s::jsonb,
+        finished_at = statement_timestamp()
+    WHERE id = %(done_id)s
+    RETURNING finished_at
+), started AS (
+    UPDATE pgmb_task_result
+    SET status = 'RUNNING',
+        started_at = coalesce(started_at, statement_timestamp()),
+        last_attempted_at = statement_timestamp(),
+        worker_ids = worker_ids || %(worker_id)s::text
+    WHERE id = %(id)s AND status <> 'SUCCESSFUL'
+    RETURNING id, backend, task_path, queue_name, priority, run_after, args, kwargs, status,
+              enqueued_at, started_at, last_attempted_at, finished_at, return_value, errors,
+              worker_ids
+)
+SELECT (SELECT finished_at FROM succeeded),
+       (SELECT 1 + q.max_retries
+        FROM pgmb_delivery AS d JOIN pgmb_queue AS q ON q.id = d.queue_id
+        WHERE d.id = %(delivery_id)s::bigint),
+       started.*
+FROM (VALUES (1)) AS one LEFT JOIN started ON true
 
 -- name: status
 SELECT status FROM pgmb_task_result WHERE id = %(id)s
-
--- name: succeed
-UPDATE pgmb_task_result
-SET status = 'SUCCESSFUL', return_value = %(return_value)s::jsonb,
-    finished_at = statement_timestamp()
-WHERE id = %(id)s
-RETURNING finished_at
 
 -- name: fail
 -- final: no attempt is left (FAILED); otherwise the task waits for its next one (READY).
@@ -60,10 +91,3 @@ SET status = CASE WHEN %(final)s THEN 'FAILED' ELSE 'READY' END,
     finished_at = CASE WHEN %(final)s THEN statement_timestamp() END
 WHERE id = %(id)s
 RETURNING status, finished_at
-
--- name: max_attempts
--- How many reads the queue of a pull queue's message (a delivery) allows.
-SELECT 1 + q.max_retries
-FROM pgmb_delivery AS d
-JOIN pgmb_queue AS q ON q.id = d.queue_id
-WHERE d.id = %(delivery_id)s

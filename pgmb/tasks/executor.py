@@ -119,6 +119,11 @@ def _finished(done: Success, finished_at: Any) -> None:
     task_finished.send(sender=done.sender, task_result=result)
 
 
+def recorded(done: Success) -> bool:
+    """Whether the success of ``done`` was recorded (by :func:`record` or a next :func:`run`)."""
+    return done.result.status == TaskResultStatus.SUCCESSFUL
+
+
 def record(done: Success, *, using: str | None = None) -> None:
     """Record the success of ``done``, then send ``task_finished``. One statement."""
     _step(using or conf.get().DATABASE, done=done)

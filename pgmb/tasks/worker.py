@@ -96,13 +96,19 @@ class TaskRunner:
 
     def __call__(self, message: Message) -> None:
         previous, self._done = self._done, None
-        self._done = executor.run(
-            message.message_id,
-            attempt=message.read_ct,
-            delivery_id=message.id,
-            previous=previous,
-            using=self.using,
-        )
+        try:
+            self._done = executor.run(
+                message.message_id,
+                attempt=message.read_ct,
+                delivery_id=message.id,
+                previous=previous,
+                using=self.using,
+            )
+        finally:
+            if previous is not None and not executor.recorded(previous):
+                # The statement that was to record it failed (a lost connection): flush
+                # tries again, and if that fails too, the batch's messages come back.
+                self._done = previous
 
     def flush(self) -> bool:
         """Record the success still held; whether that worked (a database error is

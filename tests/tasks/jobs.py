@@ -52,3 +52,25 @@ async def add_async(a: int, b: int) -> int:
 @task(backend="immediate")
 def elsewhere() -> int:
     return 1
+
+
+
+
+@task
+def lose_connection(marker: str) -> int:
+    """Succeeds after the database ended the worker's connection (the first time only:
+    ``marker`` is the file that says it did), so the worker's next statement fails."""
+    import psycopg
+    from django.db import connection
+
+    from pgmb.db.conninfo import conninfo_from_django
+
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    if Path(marker).exists():
+        return pid
+    Path(marker).touch()
+    # From a session of its own, waiting (up to 10 s) until the backend is gone.
+    with psycopg.connect(**conninfo_from_django("default"), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+    return pid

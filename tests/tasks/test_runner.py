@@ -136,3 +136,29 @@ def test_a_task_that_succeeded_is_not_run_again_when_its_message_comes_back(task
     assert path.read_text() == "ran\n"
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
+
+
+def test_a_success_the_lost_connection_kept_from_recording_is_run_again(tasks_queue, tmp_path):
+    """The statement that was to record a success (with the next task's start) fails: the
+    success is not dropped with it, its message is not deleted, and the task runs again
+    once its visibility timeout runs out."""
+    Queue.objects.filter(name=tasks_queue).update(max_retries=3)
+    lost = jobs.lose_connection.enqueue(str(tmp_path / "lost"))
+    after = jobs.add.enqueue(2, 2)
+    consumer = TaskConsumer(tasks_queue, vt=1, max_messages=2)
+    consumer.run()
+    # The next task's start failed on the dead connection (an attempt of that task's), and
+    # so did the batch's last try to record the success: nothing of the batch was deleted.
+    # The next task, read again at once (no backoff), ran on a new connection.
+    assert consumer.deleted == 1 and consumer.failed == 1
+    lost.refresh()
+    after.refresh()
+    assert lost.status == TaskResultStatus.RUNNING
+    assert after.status == TaskResultStatus.SUCCESSFUL
+    assert Delivery.objects.filter(message_id=lost.id).exists()
+    # Another worker, once its message is visible again, runs it a second time.
+    _consume(tasks_queue, 1)
+    lost.refresh()
+    assert lost.status == TaskResultStatus.SUCCESSFUL
+    assert len(lost.worker_ids) == 2
+    assert not Delivery.objects.exists()

@@ -142,17 +142,17 @@ SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
 AS $$
 DECLARE
     q record;
-    done bigint[];
+    done integer;
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    -- The ids go straight to the caller (RETURN QUERY), as pgmb.read's rows do.
     IF outcome = 'ack' AND NOT (SELECT qu.keep_history FROM pgmb_queue qu WHERE qu.id = q.id) THEN
-        WITH gone AS (
-            DELETE FROM pgmb_delivery d
-            WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
-            RETURNING d.id
-        )
-        SELECT array_agg(g.id) INTO done FROM gone g;
+        RETURN QUERY
+        DELETE FROM pgmb_delivery d
+        WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
+        RETURNING d.id;
     ELSE
+        RETURN QUERY
         WITH gone AS (
             DELETE FROM pgmb_delivery d
             WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
@@ -162,12 +162,12 @@ BEGIN
             SELECT g.message_id, g.queue_id, g.attempts, settle_reads.outcome, NULL, NULL, '', clock_timestamp()
             FROM gone g
         )
-        SELECT array_agg(g.id) INTO done FROM gone g;
+        SELECT g.id FROM gone g;
     END IF;
-    IF delivery_ids IS NULL OR coalesce(cardinality(done), 0) < cardinality(delivery_ids) THEN
+    GET DIAGNOSTICS done = ROW_COUNT;
+    IF delivery_ids IS NULL OR done < cardinality(delivery_ids) THEN
         PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
     END IF;
-    RETURN QUERY SELECT unnest(done);
 END $$;
 
 -- Reads and deletes in one step (PGMQ's pop): the messages are acknowledged as read.

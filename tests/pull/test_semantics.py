@@ -195,3 +195,17 @@ def test_a_dead_lettered_head_makes_room_for_the_next(api, make_pull_queue):
     Delivery.objects.filter(pk=first).update(available_at=timezone.now() - timedelta(hours=1))
     assert [(b, ct) for _, b, ct in api.read(queue.name, 30, 1)] == [({"n": 1}, 1)]
     assert list(DeadLetter.objects.filter(queue=queue).values_list("attempts", flat=True)) == [1]
+
+
+def test_a_read_with_no_timeout_that_dead_letters_returns_each_message_once(api, make_pull_queue):
+    # The refill after a dead-lettering must not read again what the same read just made
+    # visible again (vt 0).
+    queue = make_pull_queue(max_retries=0)
+    pgmb.send("k", {"n": 0})
+    [(first, _, _)] = api.read(queue.name, 30, 1)
+    Delivery.objects.filter(pk=first).update(available_at=timezone.now() - timedelta(hours=1))
+    pgmb.send("k", {"n": 1})
+    pgmb.send("k", {"n": 2})
+    got = api.read(queue.name, 0, 3)
+    assert [(b, ct) for _, b, ct in got] == [({"n": 1}, 1), ({"n": 2}, 1)]
+    assert list(DeadLetter.objects.filter(queue=queue).values_list("attempts", flat=True)) == [1]

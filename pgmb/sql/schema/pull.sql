@@ -142,17 +142,17 @@ SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
 AS $$
 DECLARE
     q record;
-    done bigint[];
+    done integer;
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    -- The ids go straight to the caller (RETURN QUERY), as pgmb.read's rows do.
     IF outcome = 'ack' AND NOT (SELECT qu.keep_history FROM pgmb_queue qu WHERE qu.id = q.id) THEN
-        WITH gone AS (
-            DELETE FROM pgmb_delivery d
-            WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
-            RETURNING d.id
-        )
-        SELECT array_agg(g.id) INTO done FROM gone g;
+        RETURN QUERY
+        DELETE FROM pgmb_delivery d
+        WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
+        RETURNING d.id;
     ELSE
+        RETURN QUERY
         WITH gone AS (
             DELETE FROM pgmb_delivery d
             WHERE d.id = ANY (delivery_ids) AND d.queue_id = q.id
@@ -162,12 +162,12 @@ BEGIN
             SELECT g.message_id, g.queue_id, g.attempts, settle_reads.outcome, NULL, NULL, '', clock_timestamp()
             FROM gone g
         )
-        SELECT array_agg(g.id) INTO done FROM gone g;
+        SELECT g.id FROM gone g;
     END IF;
-    IF delivery_ids IS NULL OR coalesce(cardinality(done), 0) < cardinality(delivery_ids) THEN
+    GET DIAGNOSTICS done = ROW_COUNT;
+    IF delivery_ids IS NULL OR done < cardinality(delivery_ids) THEN
         PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
     END IF;
-    RETURN QUERY SELECT unnest(done);
 END $$;
 
 -- Reads and deletes in one step (PGMQ's pop): the messages are acknowledged as read.
@@ -338,7 +338,9 @@ END $$;
 -- read); `filter` keeps those whose body contains it. The update and the dead-lettering find
 -- their rows by primary key (id = ANY (ARRAY(...))), whatever the estimate, so the function
 -- uses its generic plan (the settings at the end of this file): planning the statement at
--- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md).
+-- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md). The statement's rows
+-- go straight to the caller (RETURN QUERY), not through an array
+-- (docs/decisions/0064-a-read-returns-its-rows-from-the-statement.md).
 CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -346,12 +348,12 @@ DECLARE
     closed boolean := pgmb.refuse_writable_schemas();
     q record;
     t timestamptz := clock_timestamp();
+    -- Visible: due at or before upto (t, then see the end of the loop).
+    upto timestamptz := t;
     body_filter jsonb := filter -> 'body';
     headers_filter jsonb := filter -> 'headers';
     remaining integer := qty;
-    got pgmb.pull_message[];
-    buried integer;
-    seen bigint[] := '{}';
+    got integer;
 BEGIN
     SELECT * INTO q FROM pgmb.pull_queue(queue_name);
     PERFORM pgmb.check_pull_args(vt, qty, filter);
@@ -361,7 +363,10 @@ BEGIN
     LOOP
         -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
         -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
-        -- statement, as pgmb.settle_failures does with push failures.
+        -- statement, as pgmb.settle_failures does with push failures; the statement then
+        -- sets pgmb.read_buried (for this transaction), which the caller cannot see in its
+        -- rows.
+        RETURN QUERY
         WITH picked AS (
             -- A first read cannot be the last one: only a delivery read before looks up its
             -- message's own max_retries.
@@ -373,8 +378,7 @@ BEGIN
                             ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
                                           q.max_retries) END AS max_retries
             ) AS lim
-            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
-              AND d.id <> ALL (seen)
+            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= upto
               AND (filter IS NULL
                    OR EXISTS (SELECT 1 FROM pgmb_message m
                               WHERE m.id = d.message_id
@@ -388,7 +392,8 @@ BEGIN
             WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
             RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
                       format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error
+                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error,
+                      set_config('pgmb.read_buried', 'yes', true) AS buried
         ), dead_letters AS (
             INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
             SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
@@ -399,27 +404,28 @@ BEGIN
         ), history AS (
             INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
             SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
-            FROM dead x
-            RETURNING 1
+            FROM dead x WHERE x.buried IS NOT NULL
         ), r AS (
             UPDATE pgmb_delivery d
             SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
             WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
             RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
         )
-        SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
-                             m.body, m.headers, m.routing_key)::pgmb.pull_message
-                         ORDER BY r.priority, p.was, r.id),
-               (SELECT count(*) FROM history)
-        INTO got, buried
-        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id;
-        IF got IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM unnest(got);
-            remaining := remaining - cardinality(got);
+        SELECT r.id, r.message_id, r.attempts, r.created_at, r.available_at,
+               m.body, m.headers, m.routing_key::text
+        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id
+        ORDER BY r.priority, p.was, r.id;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        remaining := remaining - got;
+        -- Only dead-lettered rows make room for more in the same read (rare: a full read,
+        -- the common case, never looks).
+        EXIT WHEN remaining <= 0 OR current_setting('pgmb.read_buried', true) IS DISTINCT FROM 'yes';
+        PERFORM set_config('pgmb.read_buried', '', true);
+        -- The rows just read are due at t + vt: with a timeout that rounds to nothing they
+        -- are due at t, and must not be read twice.
+        IF t + make_interval(secs => vt) <= t THEN
+            upto := t - interval '1 microsecond';
         END IF;
-        -- Only dead-lettered rows make room for more in the same read.
-        EXIT WHEN buried = 0 OR remaining <= 0;
-        seen := seen || ARRAY(SELECT g.delivery_id FROM unnest(got) AS g);
     END LOOP;
 END $$;
 

@@ -54,8 +54,6 @@ def elsewhere() -> int:
     return 1
 
 
-
-
 @task
 def lose_connection(marker: str) -> int:
     """Succeeds after the database ended the worker's connection (the first time only:

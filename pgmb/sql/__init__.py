@@ -35,6 +35,7 @@ SCHEMA: tuple[str, ...] = (
     "tables",
     "views",
     "publish",
+    "tasks",
     "deliveries",
     "breakers",
     "pull",

@@ -148,8 +148,8 @@ class PgmbBackend(BaseTaskBackend):
                     "kwargs": kwargs_json,
                 },
             )
-            routed, enqueued_at = cursor.fetchone()
-        if not routed:
+            (enqueued_at,) = cursor.fetchone()
+        if enqueued_at is None:
             raise UnroutedTask(
                 f"no pgmb queue is bound to {key!r}, so task {task.module_path} would "
                 "never run: run 'manage.py pgmb_tasks_worker --create-queues' (it "

@@ -243,7 +243,31 @@ def test_an_enqueue_in_autocommit_is_one_statement_and_one_transaction(transacti
     with conn.execute_wrapper(wrapper):
         assert conn.get_autocommit() and not conn.in_atomic_block
         result = jobs.add.enqueue(2, 3)
-    assert len(seen) == 1 and "INSERT INTO pgmb_task_result" in seen[0]
+    assert len(seen) == 1 and "pgmb.enqueue_task(" in seen[0]
     assert Message.objects.filter(id=result.id).exists()
     assert jobs.add.get_result(result.id).enqueued_at == result.enqueued_at
     assert Delivery.objects.filter(message_id=result.id).count() == 1
+
+
+def test_enqueues_of_a_session_are_not_planned_again(task_queues):
+    """The enqueue's statements are planned once a session (pgmb.enqueue_task, decision
+    0067): past PostgreSQL's first custom plans, the key's tags are computed by the
+    inlined expression, not by running the SQL function pgmb.key_tags at each planning,
+    which cost a tenth of a millisecond an enqueue."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SET track_functions = 'all'")
+        try:
+            for n in range(8):
+                jobs.add.enqueue(n, n)
+            cursor.execute(
+                "SELECT pg_stat_get_xact_function_calls('pgmb.key_tags(text)'::regprocedure),"
+                " pg_stat_get_xact_function_calls("
+                "'pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, integer,"
+                " timestamptz, jsonb, jsonb)'::regprocedure)"
+            )
+            key_tags_calls, enqueue_calls = cursor.fetchone()
+        finally:
+            cursor.execute("RESET track_functions")
+    assert enqueue_calls == 8
+    assert key_tags_calls is None
+    assert TaskResultRow.objects.filter(status="READY").count() == 8

@@ -157,3 +157,8 @@ ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
     SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
     SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
+
+-- ==== Tasks: a task enqueued by one function call ====
+
+DROP FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, integer,
+                                timestamptz, jsonb, jsonb);

@@ -3,32 +3,11 @@
 -- pgmb.tasks.results.COLUMNS, in that order.
 
 -- name: enqueue
--- One statement, so one round trip and, in autocommit, one transaction: the task's message
--- (as pgmb.publish.send writes it; the routing trigger delivers it at the end of the
--- statement) and its READY result. Only when some queue is bound to the key (the routing
--- rule of pgmb.admit_message and the route_messages trigger: the binding's tags, then its
--- pattern): otherwise nothing is written and `routed` is false, with the caller's
--- transaction still usable (no error was raised in it).
-WITH routed AS (
-    SELECT EXISTS (SELECT FROM pgmb_queue AS q
-                   WHERE q.binding_tags <@ pgmb.key_tags(%(key)s::text)
-                     AND ('.' || %(key)s::text) ~ q.pattern) AS ok
-), message AS (
-    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority)
-    SELECT %(id)s, %(key)s, %(body)s::jsonb, '{}', now(),
-           greatest(now(), coalesce(%(run_after)s::timestamptz, now())), %(message_priority)s
-    FROM routed WHERE routed.ok
-    RETURNING id
-), result AS (
-    INSERT INTO pgmb_task_result
-        (id, backend, task_path, queue_name, priority, run_after, args, kwargs, status,
-         enqueued_at, errors, worker_ids)
-    SELECT message.id, %(backend)s, %(task_path)s, %(queue_name)s, %(priority)s, %(run_after)s,
-           %(args)s::jsonb, %(kwargs)s::jsonb, 'READY', statement_timestamp(), '[]', '{}'
-    FROM message
-    RETURNING enqueued_at
-)
-SELECT routed.ok, (SELECT result.enqueued_at FROM result) FROM routed
+-- The task's message and its READY result, or nothing when no queue is bound to the key
+-- (pgmb.enqueue_task, pgmb/sql/schema/tasks.sql): its enqueued_at, or NULL.
+SELECT pgmb.enqueue_task(%(id)s, %(key)s, %(body)s::jsonb, %(message_priority)s, %(backend)s,
+                         %(task_path)s, %(queue_name)s, %(priority)s, %(run_after)s::timestamptz,
+                         %(args)s::jsonb, %(kwargs)s::jsonb)
 
 -- name: get_result
 -- A task whose message was dead-lettered without its worker recording the outcome (the

@@ -244,7 +244,7 @@ class Consumer:
 
     def _step(self, conn: psycopg.Connection[Any]) -> None:
         self._beat(conn)
-        messages = run_on(conn, read_call(self.queue, self.vt or 0, self._qty()))
+        messages = run_on(conn, self.read_call(self._qty()))
         if messages:
             self._busy(conn, len(messages))
             self._handle(conn, messages)
@@ -376,6 +376,11 @@ class Consumer:
                 nack_call(self.queue, [m for m, _ in failed], [e for _, e in failed]),
             )
             self.failed += len(failed)
+
+    def read_call(self, qty: int) -> Call[list[Message]]:
+        """The statement that reads the next batch of up to ``qty`` messages. A subclass
+        may read with a statement that does more in the same round trip."""
+        return read_call(self.queue, self.vt or 0, qty)
 
     def settle_handled(self, conn: psycopg.Connection[Any], done: list[Message]) -> int:
         """Acknowledge the messages the handler returned on, after each batch (a stop

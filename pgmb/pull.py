@@ -54,22 +54,39 @@ def _statement(name: str) -> str:
     return sql.query("pull.sql", name)
 
 
+#: The columns of a message as a read returns it (the type pgmb.pull_message), in order.
+MESSAGE_COLUMNS = (
+    "delivery_id",
+    "message_id",
+    "read_ct",
+    "enqueued_at",
+    "vt",
+    "body",
+    "headers",
+    "routing_key",
+)
+
+
+def message_of(values: Sequence[Any]) -> Message:
+    """A read message from its columns, in the order of :data:`MESSAGE_COLUMNS`."""
+    delivery_id, message_id, read_ct, enqueued_at, vt, body, headers, routing_key = values
+    return Message(
+        id=delivery_id,
+        message_id=message_id,
+        read_ct=read_ct,
+        enqueued_at=enqueued_at,
+        vt=vt,
+        body=jsonb(body),
+        headers=jsonb(headers),
+        routing_key=routing_key,
+    )
+
+
 def _messages(names: list[str], rows: list[tuple[Any, ...]]) -> list[Message]:
     out = []
     for row in rows:
         values = dict(zip(names, row, strict=True))
-        out.append(
-            Message(
-                id=values["delivery_id"],
-                message_id=values["message_id"],
-                read_ct=values["read_ct"],
-                enqueued_at=values["enqueued_at"],
-                vt=values["vt"],
-                body=jsonb(values["body"]),
-                headers=jsonb(values["headers"]),
-                routing_key=values["routing_key"],
-            )
-        )
+        out.append(message_of([values[column] for column in MESSAGE_COLUMNS]))
     return out
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from django.db import connections
 
-from .. import conf, sql
+from .. import conf, pull, sql
+from ..db.statements import Call
 from . import results
 from .compat import (
     InvalidTask,
@@ -85,6 +86,40 @@ class Success:
     value: Any
     value_json: str
     sender: type
+
+
+@dataclass(frozen=True)
+class Started:
+    """A task started by the statement that read its message (:func:`read_and_start_call`),
+    as ``step`` would have started it."""
+
+    message_id: uuid.UUID
+    #: The row as ``step`` returns it: no success recorded, the attempts allowed, then
+    #: :data:`results.COLUMNS` (NULLs: the task was not started).
+    row: tuple[Any, ...]
+
+
+def read_and_start_call(
+    queue: str, vt: float, qty: int
+) -> Call[tuple[list[pull.Message], Started | None]]:
+    """Read up to ``qty`` messages of the tasks queue ``queue`` and start the task of the
+    first, in one statement: the messages, and the first one's :class:`Started` (None when
+    nothing was read). Pass it to :func:`run` for that message."""
+
+    def read(
+        names: list[str], rows: list[tuple[Any, ...]]
+    ) -> tuple[list[pull.Message], Started | None]:
+        width = len(pull.MESSAGE_COLUMNS)
+        messages = [pull.message_of(row[:width]) for row in rows]
+        if not messages:
+            return messages, None
+        return messages, Started(messages[0].message_id, (None, *rows[0][width:]))
+
+    return Call(
+        sql.query("tasks.sql", "read_and_start"),
+        {"queue": queue, "vt": vt, "qty": qty, "worker_id": worker_id()},
+        read,
+    )
 
 
 def _step(
@@ -163,6 +198,7 @@ def run(
     max_attempts: int | None = None,
     delivery_id: int | None = None,
     previous: Success | None = None,
+    started: Started | None = None,
     using: str | None = None,
 ) -> Success | None:
     """:func:`run_task` up to the record of its success, which is left to the caller
@@ -171,13 +207,20 @@ def run(
     ``delivery_id`` is the message as read from a pull queue: with ``max_attempts`` None,
     its queue's max_retries tell the attempts allowed. ``previous`` is recorded in the
     statement that starts this task (its ``task_finished`` is sent then). Starting the
-    task is one statement; a failure is recorded in one more.
+    task is one statement; a failure is recorded in one more. ``started``: the task was
+    started by the read of its message (:func:`read_and_start_call`), so no statement
+    starts it here (``previous`` is then recorded by one of its own).
     """
     from .backend import PgmbBackend
 
     alias = using or conf.get().DATABASE
     mid = uuid.UUID(str(message_id))
-    row = _step(alias, start=mid, delivery_id=delivery_id, done=previous)
+    if started is not None and started.message_id == mid:
+        if previous is not None:
+            record(previous, using=alias)
+        row = started.row
+    else:
+        row = _step(alias, start=mid, delivery_id=delivery_id, done=previous)
     allowed, row = row[1], row[2:]
     if max_attempts is None:
         # Gone (settled meanwhile): a failure cannot dead-letter it, so it is not the last.

@@ -17,6 +17,7 @@ from django.db import close_old_connections, connections, transaction
 
 from .. import conf
 from ..consume import Consumer
+from ..db.statements import Call
 from ..errors import PgmbError
 from ..models import Queue
 from ..pull import Message
@@ -86,22 +87,27 @@ def run_message(message: Message, *, using: str | None = None) -> None:
 class TaskRunner:
     """The handler of :class:`TaskConsumer`: runs a tasks queue's messages one by one and
     records each success in the statement that starts the next task
-    (:func:`pgmb.tasks.executor.run`): one round trip a task, plus the consumer's read and
-    delete of a batch. :meth:`flush` records the last success of a batch."""
+    (:func:`pgmb.tasks.executor.run`): one round trip a task, plus the consumer's read (which
+    starts the first task) and delete of a batch. :meth:`flush` records the last success of
+    a batch."""
 
     def __init__(self, queue: str, *, using: str | None = None) -> None:
         self.queue = queue
         self.using = using
         self._done: executor.Success | None = None
+        #: The task the batch's read started (:meth:`TaskConsumer.read_call`).
+        self.started: executor.Started | None = None
 
     def __call__(self, message: Message) -> None:
         previous, self._done = self._done, None
+        started, self.started = self.started, None
         try:
             self._done = executor.run(
                 message.message_id,
                 attempt=message.read_ct,
                 delivery_id=message.id,
                 previous=previous,
+                started=started,
                 using=self.using,
             )
         finally:
@@ -127,9 +133,9 @@ class TaskRunner:
 
 
 class TaskConsumer(Consumer):
-    """A tasks queue's consumer: :class:`TaskRunner` records each task's success in the
-    statement that starts the next one; the batch's messages are deleted after the last
-    success is recorded."""
+    """A tasks queue's consumer: its read starts the first task of the batch, and
+    :class:`TaskRunner` records each task's success in the statement that starts the next
+    one; the batch's messages are deleted after the last success is recorded."""
 
     def __init__(
         self,
@@ -141,6 +147,17 @@ class TaskConsumer(Consumer):
     ) -> None:
         self.runner = TaskRunner(queue, using=using)
         super().__init__(queue, self.runner, vt=vt, using=using, max_messages=max_messages)
+
+    def read_call(self, qty: int) -> Call[list[Message]]:
+        # The read also starts the first message's task: an idle worker's task starts
+        # after one commit, not two.
+        call = executor.read_and_start_call(self.queue, self.vt or 0, qty)
+
+        def read(names: list[str], rows: list[tuple[Any, ...]]) -> list[Message]:
+            messages, self.runner.started = call.read(names, rows)
+            return messages
+
+        return Call(call.query, call.params, read)
 
     def settle_handled(self, conn: psycopg.Connection[Any], done: list[Message]) -> int:
         if not self.runner.flush():

@@ -14,7 +14,9 @@ from django_tasks.signals import task_finished, task_started
 
 from pgmb import pull
 from pgmb.models import Attempt, DeadLetter, Delivery, Queue
-from pgmb.tasks.executor import record, run
+from pgmb.models import TaskResult as TaskResultRow
+from pgmb.publish import send
+from pgmb.tasks.executor import record, run, worker_id
 from pgmb.tasks.worker import TaskConsumer, ensure_queues
 from tests.tasks import jobs
 
@@ -47,14 +49,16 @@ def _consume(queue: str, n: int) -> TaskConsumer:
     return consumer
 
 
-def test_a_batch_of_tasks_costs_one_statement_a_task_and_one_more(tasks_queue, statements):
+def test_a_batch_of_tasks_costs_one_statement_a_task_but_the_first(tasks_queue, statements):
     results = [jobs.add.enqueue(i, 1) for i in range(5)]
     statements.clear()
     consumer = _consume(tasks_queue, 5)
-    # Each task's start records the previous task's success; the batch's last success is
-    # recorded after it, then the consumer deletes the batch's messages on its own
-    # connection. No statement of its own reads the queue's settings.
-    assert len(statements) == 5 + 1
+    # The consumer's read starts the first task, on its own connection; each later task's
+    # start records the previous task's success; the batch's last success is recorded
+    # after it, then the consumer deletes the batch's messages on its own connection. No
+    # statement of its own reads the queue's settings.
+    assert len(statements) == 4 + 1
+    assert all("pgmb.read" not in statement for statement in statements)
     assert consumer.deleted == 5 and consumer.failed == 0
     for i, result in enumerate(results):
         result.refresh()
@@ -78,6 +82,29 @@ def test_a_failure_in_a_batch_is_failed_and_the_others_succeed(tasks_queue):
     assert failing.errors[0].exception_class is ValueError
     assert str(DeadLetter.objects.get().message_id) == failing.id
     assert not Delivery.objects.exists()
+
+
+def test_a_first_message_that_carries_no_task_is_failed_and_the_next_task_runs(tasks_queue):
+    """The read starts the task of its first message: a message with no result row (not
+    enqueued by the backend) gets no start, fails, and the batch goes on."""
+    stray = send("tasks.default", {"task": "tests.tasks.jobs.add", "backend": "default"})
+    task = jobs.add.enqueue(2, 3)
+    consumer = _consume(tasks_queue, 2)
+    assert consumer.deleted == 1 and consumer.failed == 1
+    task.refresh()
+    assert task.status == TaskResultStatus.SUCCESSFUL and task.return_value == 5
+    assert DeadLetter.objects.get().message_id == stray
+    assert not TaskResultRow.objects.filter(id=stray).exists()
+    assert not Delivery.objects.exists()
+
+
+def test_a_task_started_by_the_read_records_who_started_it(tasks_queue):
+    result = jobs.add.enqueue(1, 1)
+    _consume(tasks_queue, 1)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert len(result.worker_ids) == 1 and result.worker_ids[0] == worker_id()
+    assert result.started_at is not None and result.started_at <= result.finished_at
 
 
 def test_the_success_is_recorded_before_task_finished_is_sent(tasks_queue):

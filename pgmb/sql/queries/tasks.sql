@@ -59,6 +59,34 @@ SELECT (SELECT finished_at FROM succeeded),
        started.*
 FROM (VALUES (1)) AS one LEFT JOIN started ON true
 
+-- name: read_and_start
+-- An idle worker's read (pgmb.read of the queue, as pgmb.pull.read_call) that also starts the
+-- task of the first message read, as `step` does: one statement, one commit before the task
+-- runs, where a read then a step were two. Columns: the read's (pgmb.pull.MESSAGE_COLUMNS),
+-- the attempts the queue allows, then pgmb.tasks.results.COLUMNS of the started task on
+-- the first row (NULLs: none started, and on every other row).
+WITH got AS MATERIALIZED (
+    SELECT r.*, row_number() OVER () AS place
+    FROM pgmb.read(queue_name => %(queue)s, vt => %(vt)s::float8, qty => %(qty)s::integer,
+                   filter => NULL) AS r
+), started AS (
+    UPDATE pgmb_task_result
+    SET status = 'RUNNING',
+        started_at = coalesce(started_at, statement_timestamp()),
+        last_attempted_at = statement_timestamp(),
+        worker_ids = worker_ids || %(worker_id)s::text
+    WHERE id = (SELECT got.message_id FROM got WHERE got.place = 1) AND status <> 'SUCCESSFUL'
+    RETURNING id, backend, task_path, queue_name, priority, run_after, args, kwargs, status,
+              enqueued_at, started_at, last_attempted_at, finished_at, return_value, errors,
+              worker_ids
+)
+SELECT got.delivery_id, got.message_id, got.read_ct, got.enqueued_at, got.vt, got.body,
+       got.headers, got.routing_key,
+       (SELECT 1 + q.max_retries FROM pgmb_queue AS q WHERE q.name = %(queue)s),
+       started.*
+FROM got LEFT JOIN started ON got.place = 1
+ORDER BY got.place
+
 -- name: status
 SELECT status FROM pgmb_task_result WHERE id = %(id)s
 

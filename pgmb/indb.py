@@ -120,7 +120,8 @@ def plpython_transport_state(cursor: Any) -> TransportState:
 
 
 def plpython_bodies() -> dict[str, str]:
-    """{function name: body} of the functions ``pgmb/sql/schema/plpython.sql`` defines."""
+    """{function name: body} of the functions ``pgmb/sql/schema/plpython.sql`` defines, with
+    ``pgmb/sql/plpython_transport.py`` spliced in (:func:`pgmb.sql.schema_source`)."""
     return dict(_PLPYTHON_FUNCTION.findall(sql.schema_source(sql.PLPYTHON)))
 
 

@@ -17,8 +17,8 @@ connection. A lone LF ends a line, as RFC 9112 2.2 allows in a head (llhttp's le
 it in chunked framing too). A head (status line and headers, or a chunked body's trailers)
 may take :data:`HEAD_LIMIT` bytes.
 
-Its keep-alive rules are the PL/Python transport's (``pgmb.load_plpython_transport`` in
-SQL), and one table of tests runs both (``tests/dispatch/test_keepalive.py``):
+Its keep-alive rules are the PL/Python transport's (``pgmb.sql.plpython_transport``, which
+runs in the database), and one table of tests runs both (``tests/dispatch/test_keepalive.py``):
 
 * a connection is kept when the answer said nothing against it (``Connection: close``,
   HTTP/1.0 without ``keep-alive``, a body that ends with the connection, Transfer-Encoding

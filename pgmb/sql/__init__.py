@@ -4,7 +4,10 @@
   ``-- name: NAME`` line (read with :func:`query`);
 * ``schema/*.sql`` are the current schema, by concern, loaded in the order of
   :data:`SCHEMA` (then :data:`PLPYTHON` where the language exists): everything pgmb keeps
-  in the database besides its Django models. Edited by hand; the source to read.
+  in the database besides its Django models. Edited by hand; the source to read. A line
+  ``-- splice: NAME.py`` in a function body stands for the text of ``pgmb/sql/NAME.py``, a
+  module ruff and mypy check (the PL/Python transport's code, ``plpython_transport.py``):
+  :func:`schema_source` puts it there (:func:`spliced`).
 * ``migrations/NNNN_*.sql`` are what each release's one migration runs (with
   :mod:`pgmb.sql.operations`): frozen copies of ``schema/`` (``make schema`` refreshes the
   unreleased one's), never edited once released. ``tests/migrations`` checks that all the
@@ -18,6 +21,7 @@ from functools import cache
 from importlib import resources
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SPLICE = re.compile(r"^-- splice: (\w+\.py)\n", re.MULTILINE)
 
 
 @cache
@@ -51,10 +55,25 @@ PLPYTHON: tuple[str, ...] = ("plpython",)
 
 
 def schema_source(names: tuple[str, ...] = SCHEMA) -> str:
-    """The files ``schema/<name>.sql`` of ``names``, in that order, as one script."""
+    """The files ``schema/<name>.sql`` of ``names``, in that order, as one script, each
+    :func:`spliced`: the SQL that loading them runs."""
     return "\n".join(
-        f"-- ==== pgmb/sql/schema/{name}.sql ====\n{script(f'schema/{name}.sql')}" for name in names
+        f"-- ==== pgmb/sql/schema/{name}.sql ====\n{spliced(script(f'schema/{name}.sql'))}"
+        for name in names
     )
+
+
+def spliced(text: str) -> str:
+    """``text`` with each line ``-- splice: NAME.py`` (inside a function body quoted
+    ``$py$``) replaced by the whole text of ``pgmb/sql/NAME.py``."""
+
+    def module(mark: re.Match[str]) -> str:
+        source = script(mark.group(1))
+        if "$py$" in source:
+            raise ValueError(f"pgmb/sql/{mark.group(1)} holds $py$, which would end the body")
+        return source if source.endswith("\n") else source + "\n"
+
+    return _SPLICE.sub(module, text)
 
 
 def migration_script(name: str, *, down: bool = False) -> str:

@@ -1,6 +1,7 @@
 """Both HTTP transports keep their connections alive by the same rules, against real
 servers: the external dispatcher's client (``pgmb.dispatch.http1``) and PL/Python's
-(``pgmb.post_via_plpython``, pgmb/sql/schema/plpython.sql). One table of cases runs through both.
+(``pgmb.post_via_plpython``, pgmb/sql/plpython_transport.py). One table of cases runs through
+both.
 
 Each case posts one request at a time, as the in-database loop does, from one client (one
 backend for PL/Python), and tells connections apart by the client port the server saw.

@@ -1,7 +1,7 @@
 """The loop posts runs of unpaced requests in one PL/Python call (pgmb/sql/schema/indb.sql,
-plpython.sql): one request's fault stays its own, the run keeps the batch's bounds, the
-deadline and cancels, paced rows beside it keep their pace, and the headers of a run follow
-the one rule."""
+plpython.sql, pgmb/sql/plpython_transport.py): one request's fault stays its own, the run
+keeps the batch's bounds, the deadline and cancels, paced rows beside it keep their pace,
+and the headers of a run follow the one rule."""
 
 from __future__ import annotations
 

@@ -15,7 +15,12 @@ installed, else aiohttp; ``bench/endpoints.py``):
    the dispatcher woken by NOTIFY (no baseline: held against goals);
 3. ``CALL pgmb.dispatch_loop(...)`` posting through PL/Python, against PL/Python posting
    the same requests from one backend, one at a time, without claiming or acking anything
-   (and the loop's own runs alone, in windows of requests, for where the time goes).
+   (and the loop's own runs alone, in windows of requests, for where the time goes);
+4. ``CALL pgmb.dispatch_loop(...)`` posting through the real http extension (pgsql-http),
+   against pgsql-http's own ``http()`` posting the same requests from one backend, one at
+   a time (and pgmb.post_via_http alone, and both with ``http.keepalive`` on, for where the
+   time goes). Skipped, saying so, when the server has no pgsql-http (or only pgmb's test
+   stand-in, tests/pg_http): its figures are the real extension's only.
 
 Figures are medians of ``--rounds`` runs, interleaved with their baseline's.
 """
@@ -351,13 +356,17 @@ def run_latency(
 # --- 3: the in-database path. ---
 
 
-def run_indb(queue_id: str, n: int, batch: int) -> harness.Sample:
-    """Deliveries/s of CALL pgmb.dispatch_loop, from its start to the last ack."""
+def run_indb(queue_id: str, n: int, batch: int, settings: Sequence[str] = ()) -> harness.Sample:
+    """Deliveries/s of CALL pgmb.dispatch_loop, from its start to the last ack, after the
+    ``settings`` statements in its session; and its backend's CPU µs per delivery."""
     import psycopg
 
     publish("indb_queue", n)
     with harness.connect() as caller, harness.connect() as watcher:
+        for statement in settings:
+            caller.execute(statement)
         (since,) = caller.execute("SELECT clock_timestamp()").fetchone()
+        cpu = harness.backend_cpu(caller.info.backend_pid)
         failure: list[BaseException] = []
 
         def call() -> None:
@@ -377,6 +386,7 @@ def run_indb(queue_id: str, n: int, batch: int) -> harness.Sample:
             if failure or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
+        cpu = harness.backend_cpu(caller.info.backend_pid) - cpu
         watcher.execute("SELECT pg_cancel_backend(%s)", (caller.info.backend_pid,))
         thread.join()
         if failure:
@@ -388,7 +398,7 @@ def run_indb(queue_id: str, n: int, batch: int) -> harness.Sample:
         ).fetchone()
     if acks != n:
         raise RuntimeError(f"in-database check failed: {acks} acks of {n}")
-    return {"rate": n / (last - since).total_seconds()}
+    return {"rate": n / (last - since).total_seconds(), "backend_us": cpu / n * 1e6}
 
 
 def run_indb_transport(url: str, n: int) -> harness.Sample:
@@ -425,6 +435,111 @@ def run_indb_windows(url: str, n: int) -> harness.Sample:
     if ok != n:
         raise RuntimeError(f"PL/Python windows: {ok} of {n} answered 200")
     return {"rate": n / elapsed}
+
+
+# --- 4: the in-database path through the real http extension (pgsql-http). ---
+
+#: Each request of section 4: pgsql-http's http() with the headers the loop sends (less
+#: Content-Type, which pgsql-http takes from the request's content_type field).
+HTTP_ALONE = """
+    SELECT count(*) FILTER (WHERE (http(('POST', %(url)s, h.headers, 'application/json',
+                                         %(body)s)::http_request)).status = 200)
+    FROM generate_series(1, %(n)s) AS g,
+         (SELECT coalesce(array_agg(http_header(k, v)), '{}') AS headers
+          FROM jsonb_each_text(%(headers)s::jsonb) AS e(k, v)
+          WHERE lower(k) <> 'content-type') AS h
+"""
+#: The same requests through pgmb's wrapper (pgmb/sql/schema/indb.sql), without claim or ack.
+POST_VIA_HTTP_ALONE = """
+    SELECT count(*) FILTER (WHERE (o).status = 200) FROM
+      (SELECT pgmb.post_via_http(%(url)s, %(body)s, %(headers)s::jsonb, 10) AS o
+       FROM generate_series(1, %(n)s) AS g) AS posts
+"""
+#: pgsql-http's keep-alive: without it, every request opens a connection and sends
+#: "Connection: close" (CURLOPT_FORBID_REUSE).
+KEEPALIVE = "SET http.keepalive = 'on'"
+
+
+def real_http_extension() -> str | None:
+    """Why section 4 cannot run here (None: the server has the real pgsql-http)."""
+    with harness.connect() as conn:
+        row = conn.execute(
+            "SELECT default_version, comment FROM pg_available_extensions WHERE name = 'http'"
+        ).fetchone()
+    if row is None:
+        return "the server has no http extension (pgsql-http) installed"
+    if "pgmb-standin" in (row[1] or ""):
+        return (
+            "the server's http extension is pgmb's test stand-in (tests/pg_http), not "
+            "pgsql-http; these figures are the real extension's only"
+        )
+    return None
+
+
+def run_http_alone(url: str, n: int, query: str, settings: Sequence[str] = ()) -> harness.Sample:
+    """Requests/s of ``query`` (n POSTs from one backend, no claim/ack), after the
+    ``settings`` statements; and the backend's CPU µs per request."""
+    with harness.connect() as conn:
+        for statement in settings:
+            conn.execute(statement)
+        params = {"url": url, "body": json.dumps(BODY), "headers": json.dumps(sample_headers()),
+                  "n": n}  # fmt: skip
+        cpu, start = harness.backend_cpu(conn.info.backend_pid), time.perf_counter()
+        (ok,) = conn.execute(query, params).fetchone()
+        elapsed = time.perf_counter() - start
+        cpu = harness.backend_cpu(conn.info.backend_pid) - cpu
+    if ok != n:
+        raise RuntimeError(f"http extension: {ok} of {n} answered 200")
+    return {"rate": n / elapsed, "backend_us": cpu / n * 1e6}
+
+
+def in_database_http(
+    args: argparse.Namespace, url: str, queue_id: str, load: harness.OtherLoad
+) -> None:
+    n, batch = args.indb_messages, args.indb_batch
+    if reason := real_http_extension():
+        print(f"\n4. In-database path through the http extension: skipped: {reason}.")
+        return
+    with harness.connect() as conn:
+        conn.execute("CREATE EXTENSION http")
+        (version,) = conn.execute(
+            "SELECT extversion FROM pg_extension WHERE extname = 'http'"
+        ).fetchone()
+    try:
+        alone = harness.Case("http", lambda: run_http_alone(url, n, HTTP_ALONE))
+        kept = harness.Case("http_ka", lambda: run_http_alone(url, n, HTTP_ALONE, [KEEPALIVE]))
+        wrapper = harness.Case("wrapper", lambda: run_http_alone(url, n, POST_VIA_HTTP_ALONE))
+        indb = harness.Case("indb_http", lambda: run_indb(queue_id, n, batch))
+        indb_kept = harness.Case("indb_http_ka", lambda: run_indb(queue_id, n, batch, [KEEPALIVE]))
+        for settings in ((), [KEEPALIVE]):  # warms nginx and the backends; not counted
+            run_http_alone(url, 500, HTTP_ALONE, settings)
+        results = harness.measure([(alone, kept, wrapper, indb, indb_kept)], args.rounds, load)
+    finally:
+        with harness.connect() as conn:
+            conn.execute("DROP EXTENSION http")
+    print(
+        f"\n4. In-database path through the real http extension (pgsql-http {version}): "
+        f"CALL pgmb.dispatch_loop(batch => {batch}), {n:,} messages per run, {args.rounds} "
+        "runs; median (range); ratio = to pgsql-http's http() posting the same requests alone "
+        "from one backend (a new connection per request, pgsql-http's default). Backend "
+        "us: the posting backend's CPU per request."
+    )
+    harness.print_table(
+        results,
+        (
+            harness.Row("pgsql-http http() alone (one backend)", "http"),
+            harness.Row("pgsql-http http() alone, http.keepalive on", "http_ka", "rate", "http"),
+            # pgmb's wrapper: dynamic SQL, a curl option and the headers per request.
+            harness.Row("pgmb.post_via_http alone", "wrapper", "rate", "http"),
+            # Issue 28 asks 0.75 of pgsql-http alone.
+            harness.Row(
+                "pgmb.dispatch_loop (claim, POST, ack, COMMIT)", "indb_http", "rate", "http", 0.75
+            ),
+            harness.Row("pgmb.dispatch_loop, http.keepalive on", "indb_http_ka", "rate", "http"),
+        ),
+        harness.median,
+        (harness.Column("backend us", "backend_us", harness.median),),
+    )
 
 
 # --- Main. ---
@@ -553,7 +668,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--db", default="pgmb_bench_dispatch", help="scratch database to create")
     parser.add_argument("--keep", action="store_true", help="do not drop the database")
     parser.add_argument(
-        "--skip", action="append", default=[], choices=["throughput", "latency", "indb"]
+        "--skip",
+        action="append",
+        default=[],
+        choices=["throughput", "latency", "indb", "http"],
     )
     args = parser.parse_args(argv)
 
@@ -577,6 +695,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 latency(args, pool, load)
             if "indb" not in args.skip:
                 in_database(args, fast.url(), ids["indb_queue"], load)
+            if "http" not in args.skip:
+                in_database_http(args, fast.url(), ids["indb_queue"], load)
     print(f"\ntook {time.perf_counter() - began:.0f} s")
     return 0
 

@@ -519,7 +519,7 @@ DROP FUNCTION
     pgmb.loop_reclaim(),
     pgmb.loop_beat(bigint, integer, bigint, bigint),
     pgmb.loop_post(pgmb.claimed, text),
-    pgmb.loop_run(pgmb.claimed[], integer, integer, boolean),
+    pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz),
     pgmb.unpaced_rps(),
     pgmb.indb_heartbeat_interval(),
     pgmb.indb_reclaim_interval(),

@@ -436,21 +436,37 @@ EXCEPTION WHEN others THEN
                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
 END $$;
 
--- Step "run" (PL/Python's runs, pgmb.post_run_via_plpython): how far the run starting at row
--- i of claimed reaches, and its requests' headers. The run is row i and the unpaced rows
--- after it, at most room of them (the batch's room; pgmb.post_run_via_plpython stops
--- earlier at the batch's other bounds). The headers are built in one statement; should one
--- row's fail (a secret stored before the rules refused it, say), the rows before it make
--- the run. run_end NULL: not even row i's headers can be built, so it goes the one-request
--- way, which records its fault.
-CREATE OR REPLACE FUNCTION pgmb.loop_run(claimed pgmb.claimed[], i integer, room integer, paced boolean,
-                                         OUT run_end integer, OUT headers jsonb[])
-LANGUAGE plpgsql STABLE AS $$
+-- Step "post", a run (PL/Python's pgmb.post_run_via_plpython): row i of claimed and the
+-- unpaced rows after it, at most room of them, posted back to back. pgmb.post_run_via_plpython
+-- stops earlier at the batch's other bounds: budget_ms for the oldest outcome not yet
+-- committed (kept since pending_since; NULL: none is), guess_ms for the next request (the
+-- last one's time), and the deadline, or once a request of the run could outlast its lease.
+-- The headers are built in one statement; should one row's fail (a secret stored before the
+-- rules refused it, say), the rows before it make the run. Returns the rows posted, their
+-- outcomes, when the first ended, how long the last took (guess_ms when none was posted) and
+-- how many were 2xx; outcomes NULL: not even row i's headers could be built, so it goes the
+-- one-request way, which records its fault.
+CREATE OR REPLACE FUNCTION pgmb.loop_post_run(
+    claimed pgmb.claimed[], i integer, paced boolean, claimed_at timestamptz, room integer,
+    budget_ms float8, pending_since timestamptz, guess_ms float8, deadline timestamptz,
+    OUT delivery_ids bigint[], OUT lease_ids uuid[], OUT outcomes pgmb.http_outcome[],
+    OUT first_finished timestamptz, OUT last_ms float8, OUT ok integer)
+LANGUAGE plpgsql AS $$
 DECLARE
     unix_time bigint := extract(epoch FROM now())::bigint;
     run_max integer := i - 1 + least(cardinality(claimed) - i + 1, room);
+    run_end integer := run_max;
+    headers jsonb[];
+    urls text[];
+    bodies text[];
+    timeouts float8[];
+    -- The last moment (seconds since the epoch) a request of the run may begin and still
+    -- end within its lease.
+    lease_end float8;
+    started timestamptz;
+    posted integer;
 BEGIN
-    run_end := run_max;
+    last_ms := guess_ms;
     IF paced THEN
         SELECT coalesce(min(k) - 1, run_max) INTO run_end
         FROM generate_series(i + 1, run_max) AS k
@@ -458,24 +474,53 @@ BEGIN
     END IF;
     BEGIN
         headers := pgmb.run_headers(claimed[i:run_end], unix_time);
-        RETURN;
     EXCEPTION WHEN others THEN
         run_max := run_end;
-    END;
-    run_end := i - 1;
-    WHILE run_end < run_max LOOP
-        BEGIN
-            PERFORM pgmb.request_headers(claimed[run_end + 1], unix_time);
-        EXCEPTION WHEN others THEN
-            EXIT;
-        END;
-        run_end := run_end + 1;
-    END LOOP;
-    IF run_end >= i THEN
+        run_end := i - 1;
+        WHILE run_end < run_max LOOP
+            BEGIN
+                PERFORM pgmb.request_headers(claimed[run_end + 1], unix_time);
+            EXCEPTION WHEN others THEN
+                EXIT;
+            END;
+            run_end := run_end + 1;
+        END LOOP;
+        IF run_end < i THEN
+            RETURN;
+        END IF;
         headers := pgmb.run_headers(claimed[i:run_end], unix_time);
-    ELSE
-        run_end := NULL;
-    END IF;
+    END;
+    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
+           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+           array_agg(x.lease_id ORDER BY x.ordinality),
+           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
+    INTO urls, bodies, timeouts, delivery_ids, lease_ids, lease_end
+    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
+    started := clock_timestamp();
+    BEGIN
+        SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
+               to_timestamp(min(r.finished)), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+               count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+        INTO outcomes, first_finished, last_ms, posted, ok
+        FROM pgmb.post_run_via_plpython(
+                 urls, bodies, headers, timeouts, room, budget_ms,
+                 extract(epoch FROM clock_timestamp() - pending_since) * 1000, guess_ms,
+                 -- No window begins past the loop's end, nor once a request of the run could
+                 -- outlast its lease (the rest come back to the loop, one by one).
+                 least(extract(epoch FROM deadline)::float8, lease_end))
+             WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
+    EXCEPTION WHEN others THEN
+        -- Not a request's fault (those are outcomes): the call's. Recorded against the run's
+        -- first row; the rest go on in the next run.
+        outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
+                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
+        first_finished := clock_timestamp();
+        last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+        posted := 1;
+        ok := 0;
+    END;
+    delivery_ids := delivery_ids[1:posted];
+    lease_ids := lease_ids[1:posted];
 END $$;
 
 -- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
@@ -515,18 +560,9 @@ DECLARE
     marked integer;
     -- Seconds since the claim began.
     waited float8;
-    -- The run from row i (rows i .. run_end; NULL: one request) and its requests.
-    run_end integer;
-    run_headers jsonb[];
-    run_urls text[];
-    run_bodies text[];
-    run_timeouts float8[];
-    -- The last moment (seconds since the epoch) a request of the run may begin and still
-    -- end within its lease.
-    run_lease_end float8;
-    -- What was just posted (a run, or one request): its rows, outcomes, when the first ended.
+    -- What was just posted (a run, or one request): its rows, their outcomes, how many were
+    -- 2xx, when the first ended; when the one request began.
     started timestamptz;
-    posted integer;
     posted_ok integer;
     posted_ids bigint[];
     posted_leases uuid[];
@@ -638,57 +674,24 @@ BEGIN
                 i := i + 1;
                 CONTINUE;
             END IF;
-            run_end := NULL;
+            -- Post: a run from this row, or this one request.
+            posted_outcomes := NULL;
             IF runs AND c.rps >= pgmb.unpaced_rps() THEN
-                SELECT r.run_end, r.headers INTO run_end, run_headers
-                FROM pgmb.loop_run(claimed, i, commit_every - cardinality(done_ids), paced) AS r;
+                SELECT r.delivery_ids, r.lease_ids, r.outcomes, r.first_finished, r.last_ms, r.ok
+                INTO posted_ids, posted_leases, posted_outcomes, first_finished, last_post_ms, posted_ok
+                FROM pgmb.loop_post_run(claimed, i, paced, claimed_at, commit_every - cardinality(done_ids),
+                                        commit_ms, CASE WHEN cardinality(done_ids) > 0 THEN pending_since END,
+                                        last_post_ms, deadline) AS r;
             END IF;
-            IF c.rps < pgmb.unpaced_rps() THEN
-                next_post := next_post || jsonb_build_object(c.worker_id::text,
-                                                             extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
-            END IF;
-            -- Post: the run, or this one request.
-            IF run_end IS NOT NULL THEN
-                SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
-                       array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
-                       array_agg(x.lease_id ORDER BY x.ordinality),
-                       min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
-                INTO run_urls, run_bodies, run_timeouts, posted_ids, posted_leases, run_lease_end
-                FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
-                started := clock_timestamp();
-                BEGIN
-                    SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
-                           to_timestamp(min(r.finished)), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
-                           count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
-                    INTO posted_outcomes, first_finished, last_post_ms, posted, posted_ok
-                    FROM pgmb.post_run_via_plpython(
-                             run_urls, run_bodies, run_headers, run_timeouts,
-                             commit_every - cardinality(done_ids), commit_ms,
-                             CASE WHEN cardinality(done_ids) > 0
-                                  THEN extract(epoch FROM clock_timestamp() - pending_since) * 1000 END,
-                             last_post_ms,
-                             -- No window begins past the loop's end, nor once a request of the
-                             -- run could outlast its lease (the rest come back here, one by one).
-                             least(extract(epoch FROM deadline)::float8, run_lease_end))
-                         WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
-                EXCEPTION WHEN others THEN
-                    -- Not a request's fault (those are outcomes): the call's. Recorded against
-                    -- the run's first row; the rest go on in the next run.
-                    posted_outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
-                                                 extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
-                    first_finished := clock_timestamp();
-                    last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
-                    posted := 1;
-                    posted_ok := 0;
-                END;
-                posted_ids := posted_ids[1:posted];
-                posted_leases := posted_leases[1:posted];
-            ELSE
+            IF posted_outcomes IS NULL THEN
+                IF c.rps < pgmb.unpaced_rps() THEN
+                    next_post := next_post || jsonb_build_object(c.worker_id::text,
+                                                                 extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+                END IF;
                 started := clock_timestamp();
                 posted_outcomes := ARRAY[pgmb.loop_post(c, transport)];
                 first_finished := clock_timestamp();
                 last_post_ms := extract(epoch FROM first_finished - started) * 1000;
-                posted := 1;
                 posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;
                 posted_ids := ARRAY[c.delivery_id];
                 posted_leases := ARRAY[c.lease_id];
@@ -701,8 +704,8 @@ BEGIN
             done_leases := done_leases || posted_leases;
             done_outcomes := done_outcomes || posted_outcomes;
             delivered := delivered + posted_ok;
-            failed := failed + posted - posted_ok;
-            i := i + posted;
+            failed := failed + cardinality(posted_outcomes) - posted_ok;
+            i := i + cardinality(posted_outcomes);
             IF clock_timestamp() >= next_beat THEN
                 next_beat := pgmb.loop_beat(me, cardinality(claimed) - i + 1, delivered, failed);
             END IF;

@@ -17,6 +17,11 @@ from django.db import DatabaseError
 
 from . import conf, sql
 
+#: Deliveries the in-database loop claims at a time when no batch is given: the default of
+#: ``manage.py pgmb_cron install --batch``, and in SQL ``pgmb.indb_batch()``, the default of
+#: pgmb.dispatch_loop and pgmb.cron_install (tests/rules/test_loop_constants.py).
+DEFAULT_BATCH = 50
+
 
 @dataclass(frozen=True)
 class Capabilities:

@@ -23,7 +23,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["install", "uninstall", "status"])
         parser.add_argument(
-            "--batch", type=int, default=50, help="Deliveries claimed per loop (install)."
+            "--batch",
+            type=int,
+            default=indb.DEFAULT_BATCH,
+            help="Deliveries claimed per loop (install).",
         )
 
     def handle(self, *args: Any, action: str, batch: int, **options: Any) -> None:

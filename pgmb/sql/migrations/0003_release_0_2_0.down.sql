@@ -162,3 +162,365 @@ ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
 
 DROP FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, integer,
                                 timestamptz, jsonb, jsonb);
+
+-- ==== In-database loop: named steps ====
+
+-- Schedule (or re-schedule) pgmb's jobs. pg_cron >= 1.5 runs a short loop every second;
+-- 1.4 (Debian 12) has only minutes, so a per-minute job loops for 55 s.
+CREATE OR REPLACE FUNCTION pgmb.cron_install(batch integer DEFAULT 50) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    version integer[] := pgmb.cron_version();
+    schedule text;
+    command text;
+BEGIN
+    IF version IS NULL THEN
+        RAISE EXCEPTION 'pg_cron is not installed in this database'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Preload it (shared_preload_libraries = ''pg_cron''), point cron.database_name here, then CREATE EXTENSION pg_cron.';
+    END IF;
+    IF version >= ARRAY[1, 5] THEN
+        schedule := '1 seconds';
+        command := format('CALL pgmb.dispatch_loop(0.9, %s, as_job => true)', batch);
+    ELSE
+        schedule := '* * * * *';
+        command := format('CALL pgmb.dispatch_loop(55, %s, as_job => true)', batch);
+    END IF;
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' USING 'pgmb-dispatch', schedule, command;
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)' USING 'pgmb-maintenance', '* * * * *', 'SELECT pgmb.maintenance()';
+    RETURN format('pgmb-dispatch: %s  %s', schedule, command);
+END $$;
+
+-- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
+-- batches, committing between them (pg_cron runs it as a job, as_job). With the PL/Python
+-- transport a batch's requests to one worker go out as runs (pgmb.post_run_via_plpython);
+-- with the http extension one at a time. Outcomes are written in batches (pgmb.record_outcomes)
+-- within the bounds of pgmb.indb_commit_bounds. A fault in one request is that delivery's
+-- outcome, never the loop's end.
+CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT 50,
+                                    queue_names text[] DEFAULT NULL, as_job boolean DEFAULT false)
+LANGUAGE plpgsql AS $$
+DECLARE
+    commit_every integer;
+    commit_ms float8;
+    deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
+    next_reclaim timestamptz := clock_timestamp();
+    claimed pgmb.claimed[];
+    -- When the claim began: its leases run out lease_seconds after (or a little later).
+    claimed_at timestamptz;
+    c pgmb.claimed;
+    outcome pgmb.http_outcome;
+    built_headers jsonb;
+    -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
+    marked integer;
+    -- Seconds since the claim began.
+    waited float8;
+    transport text;
+    runs boolean;
+    started timestamptz;
+    next_post jsonb := '{}';
+    wait float8;
+    i integer;
+    -- The run starting at row i: rows i .. run_end, their requests, their outcomes.
+    run_end integer;
+    run_max integer;
+    run_urls text[];
+    run_bodies text[];
+    run_headers jsonb[];
+    run_timeouts float8[];
+    run_ids bigint[];
+    run_leases uuid[];
+    -- The last moment (seconds since the epoch) a request of the run may begin and still
+    -- end within its lease.
+    run_lease_end float8;
+    run_ok integer;
+    paced boolean;
+    run_outcomes pgmb.http_outcome[];
+    run_first float8;
+    run_last_ms float8;
+    posted integer;
+    -- The outcomes not yet recorded, since when, and how long the last request took (the
+    -- guess for the next one).
+    done_ids bigint[] := '{}';
+    done_leases uuid[] := '{}';
+    done_outcomes pgmb.http_outcome[] := '{}';
+    pending_since timestamptz;
+    last_post_ms float8 := 0;
+    me bigint;
+    next_beat timestamptz := clock_timestamp() + interval '5 seconds';
+    delivered bigint := 0;
+    failed bigint := 0;
+BEGIN
+    -- Read first: a bad setting stops the loop before it writes anything.
+    SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
+    IF pgmb.http_transport() IS NULL THEN
+        PERFORM pgmb.no_transport();
+    END IF;
+    -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
+    BEGIN
+        me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
+                                    pg_backend_pid(), queue_names);
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not register the dispatcher: %', SQLERRM;
+    END;
+    WHILE clock_timestamp() < deadline LOOP
+        EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
+        IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
+            BEGIN
+                PERFORM pgmb.dispatcher_beat(me, 0, delivered, failed);
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
+            END;
+            next_beat := clock_timestamp() + interval '5 seconds';
+        END IF;
+        IF clock_timestamp() >= next_reclaim THEN
+            BEGIN
+                PERFORM pgmb.reclaim_expired();
+            EXCEPTION WHEN others THEN
+                RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+            END;
+            next_reclaim := clock_timestamp() + interval '5 seconds';
+        END IF;
+        BEGIN
+            claimed_at := clock_timestamp();
+            SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
+        EXCEPTION WHEN others THEN
+            -- Nothing claimed: wait as when nothing is due, then try again.
+            RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
+            claimed := NULL;
+        END;
+        IF claimed IS NULL THEN
+            -- Nothing waits for a sleep: the outcomes kept so far are committed first.
+            PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+            done_ids := '{}';
+            done_leases := '{}';
+            done_outcomes := '{}';
+            COMMIT;
+            wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
+                          extract(epoch FROM deadline - clock_timestamp()));
+            COMMIT;
+            PERFORM pg_sleep(greatest(wait, 0.005));
+            CONTINUE;
+        END IF;
+        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
+        -- Runs need pgmb.post_run_via_plpython, which a database given PL/Python by hand may
+        -- lack: then one request at a time.
+        transport := pgmb.http_transport();
+        runs := transport = 'plpython3u'
+                AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
+                                    'float8, float8, float8, float8)') IS NOT NULL;
+        -- Whether a run must look for paced rows that end it (most claims have none).
+        SELECT coalesce(bool_or(x.rps < 1000), false) INTO paced FROM unnest(claimed) AS x;
+        i := 1;
+        WHILE i <= cardinality(claimed) LOOP
+            c := claimed[i];
+            IF clock_timestamp() >= deadline THEN
+                -- Out of time: hand back what was not posted, unattempted.
+                PERFORM pgmb.release(ARRAY(SELECT x.delivery_id FROM unnest(claimed[i:]) AS x),
+                                     ARRAY(SELECT x.lease_id FROM unnest(claimed[i:]) AS x));
+                EXIT;
+            END IF;
+            -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
+            wait := 0;
+            IF c.rps < 1000 AND next_post ? c.worker_id::text THEN
+                wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
+            END IF;
+            -- A COMMIT before this request: the claim's (the first of a claim), before and
+            -- after a pacing wait (nothing waits for a sleep), or the batch's, once it is
+            -- full or its oldest outcome would wait too long. This request's start mark
+            -- goes with it.
+            marked := NULL;
+            IF i = 1 OR wait > 0
+               OR cardinality(done_ids) >= commit_every
+               OR (cardinality(done_ids) > 0
+                   AND extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms >= commit_ms) THEN
+                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+                done_ids := '{}';
+                done_leases := '{}';
+                done_outcomes := '{}';
+                IF wait > 0 THEN
+                    COMMIT;
+                    PERFORM pg_sleep(wait);
+                END IF;
+                -- A failed mark does not hold the request back: its expiry would then be
+                -- forgiven (up to twice), as after a crash within a batch.
+                BEGIN
+                    marked := pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
+                END;
+                COMMIT;
+            END IF;
+            -- A request ends within its lease (docs/decisions/0040-a-request-ends-within-its-lease.md):
+            -- posted only if it can end before its lease runs out, reckoned from before the
+            -- claim, as pgmb_dispatch does (where a lease stored before that rule is not
+            -- longer than the timeout, a request that waited under a quarter of it goes). A
+            -- later one is handed back unattempted, with the outcomes kept so far, so that no
+            -- other dispatcher posts it while this one does. A start mark refused (0: the
+            -- lease is no longer this claim's, reclaimed after it ran out) is not posted either.
+            -- In seconds, not intervals: a timeout or lease stored before the rules may be
+            -- past what an interval holds.
+            waited := extract(epoch FROM clock_timestamp() - claimed_at);
+            IF marked = 0
+               OR (waited + c.timeout >= c.lease_seconds
+                   AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
+                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+                done_ids := '{}';
+                done_leases := '{}';
+                done_outcomes := '{}';
+                IF marked IS DISTINCT FROM 0 THEN
+                    PERFORM pgmb.release(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
+                END IF;
+                COMMIT;
+                i := i + 1;
+                CONTINUE;
+            END IF;
+            run_end := NULL;
+            IF runs AND c.rps >= 1000 THEN
+                -- The run: this row and the unpaced rows after it, as many as the batch has
+                -- room for (pgmb.post_run_via_plpython stops earlier at the batch's other
+                -- bounds).
+                run_end := i - 1 + least(cardinality(claimed) - i + 1, commit_every - cardinality(done_ids));
+                IF paced THEN
+                    SELECT coalesce(min(k) - 1, run_end) INTO run_end
+                    FROM generate_series(i + 1, run_end) AS k
+                    WHERE (claimed[k]).rps < 1000;
+                END IF;
+                -- The headers of the whole run in one statement. Should one row's fail (a
+                -- secret stored before the rules refused it, say), the rows before it make
+                -- the run, and it goes the one-request way, which records its fault.
+                BEGIN
+                    run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                EXCEPTION WHEN others THEN
+                    run_max := run_end;
+                    run_end := i - 1;
+                    WHILE run_end < run_max LOOP
+                        BEGIN
+                            PERFORM pgmb.request_headers(claimed[run_end + 1], extract(epoch FROM now())::bigint);
+                        EXCEPTION WHEN others THEN
+                            EXIT;
+                        END;
+                        run_end := run_end + 1;
+                    END LOOP;
+                    IF run_end >= i THEN
+                        run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
+                    ELSE
+                        run_end := NULL;
+                    END IF;
+                END;
+                IF run_end IS NOT NULL THEN
+                    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
+                           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+                           array_agg(x.lease_id ORDER BY x.ordinality),
+                           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
+                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases, run_lease_end
+                    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
+                END IF;
+            END IF;
+            IF c.rps < 1000 THEN
+                next_post := next_post || jsonb_build_object(c.worker_id::text,
+                                                             extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+            END IF;
+            started := clock_timestamp();
+            IF run_end IS NOT NULL THEN
+                BEGIN
+                    SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
+                           min(r.finished), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+                           count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+                    INTO run_outcomes, run_first, run_last_ms, posted, run_ok
+                    FROM pgmb.post_run_via_plpython(
+                             run_urls, run_bodies, run_headers, run_timeouts,
+                             commit_every - cardinality(done_ids), commit_ms,
+                             CASE WHEN cardinality(done_ids) > 0
+                                  THEN extract(epoch FROM clock_timestamp() - pending_since) * 1000 END,
+                             last_post_ms,
+                             -- No window begins past the loop's end, nor once a request of the
+                             -- run could outlast its lease (the rest come back here, one by one).
+                             least(extract(epoch FROM deadline)::float8, run_lease_end))
+                         WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
+                EXCEPTION WHEN others THEN
+                    -- Not a request's fault (those are outcomes): the call's. Recorded against
+                    -- the run's first row; the rest go on in the next run.
+                    run_outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
+                                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
+                    run_first := extract(epoch FROM clock_timestamp());
+                    run_last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                    posted := 1;
+                    run_ok := 0;
+                END;
+                last_post_ms := run_last_ms;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := to_timestamp(run_first);
+                END IF;
+                done_ids := done_ids || run_ids[1:posted];
+                done_leases := done_leases || run_leases[1:posted];
+                done_outcomes := done_outcomes || run_outcomes;
+                delivered := delivered + run_ok;
+                failed := failed + posted - run_ok;
+                i := i + posted;
+            ELSE
+                -- A request that cannot be built, or a call that fails rather than give an
+                -- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the
+                -- delivery's attempt, never the endpoint's.
+                built_headers := NULL;
+                BEGIN
+                    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
+                    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
+                    -- cannot even be planned where PL/Python is missing.
+                    IF transport = 'plpython3u' THEN
+                        outcome := pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
+                    ELSE
+                        outcome := pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
+                    END IF;
+                EXCEPTION WHEN others THEN
+                    outcome := ROW(NULL, 'pgmb''s own failure: '
+                                         || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
+                                                 ELSE 'could not send the request: ' END || SQLERRM, NULL,
+                                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+                END;
+                last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+                IF cardinality(done_ids) = 0 THEN
+                    pending_since := clock_timestamp();
+                END IF;
+                done_ids := done_ids || c.delivery_id;
+                done_leases := done_leases || c.lease_id;
+                done_outcomes := done_outcomes || outcome;
+                IF outcome.status BETWEEN 200 AND 299 THEN
+                    delivered := delivered + 1;
+                ELSE
+                    failed := failed + 1;
+                END IF;
+                i := i + 1;
+            END IF;
+            IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
+                BEGIN
+                    PERFORM pgmb.dispatcher_beat(me, cardinality(claimed) - i + 1, delivered, failed);
+                EXCEPTION WHEN others THEN
+                    RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
+                END;
+                next_beat := clock_timestamp() + interval '5 seconds';
+            END IF;
+        END LOOP;
+    END LOOP;
+    -- The last outcomes, committed with the CALL.
+    PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+    IF me IS NOT NULL THEN
+        BEGIN
+            PERFORM pgmb.dispatcher_stop(me, delivered, failed);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
+        END;
+    END IF;
+END $$;
+
+DROP PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome[]);
+DROP FUNCTION
+    pgmb.loop_claim(text[], integer),
+    pgmb.loop_reclaim(),
+    pgmb.loop_beat(bigint, integer, bigint, bigint),
+    pgmb.loop_post(pgmb.claimed, text),
+    pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz),
+    pgmb.unpaced_rps(),
+    pgmb.indb_heartbeat_interval(),
+    pgmb.indb_reclaim_interval(),
+    pgmb.indb_batch();

@@ -22,6 +22,27 @@ BEGIN
     RETURN sha256(outer_pad || sha256(inner_pad || data));
 END $$;
 
+-- The in-database loop's constants, each named once: the SQL twin of a Python value, compared
+-- by one table of cases (tests/rules/test_loop_constants.py). IMMUTABLE SQL, so the planner
+-- folds each into the statement that names it: naming one costs no call.
+
+-- Workers allowed this many requests a second or more are not paced (pgmb.dispatch.pacing.UNPACED_RPS).
+CREATE OR REPLACE FUNCTION pgmb.unpaced_rps() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1000 $$;
+
+-- Between a dispatcher's heartbeats (pgmb.conf.Settings.DISPATCH_HEARTBEAT_INTERVAL's default).
+CREATE OR REPLACE FUNCTION pgmb.indb_heartbeat_interval() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '5 seconds' $$;
+
+-- Between reclaims of leases that ran out (pgmb.conf.Settings.DISPATCH_RECLAIM_INTERVAL's default).
+CREATE OR REPLACE FUNCTION pgmb.indb_reclaim_interval() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '5 seconds' $$;
+
+-- Deliveries the loop claims at a time when no batch is given (pgmb.indb.DEFAULT_BATCH, the
+-- default of manage.py pgmb_cron install --batch).
+CREATE OR REPLACE FUNCTION pgmb.indb_batch() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 50 $$;
+
 -- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it.
 CREATE OR REPLACE FUNCTION pgmb.http_outcome(status integer, content text, location text, retry_after text,
                                              started timestamptz, body_limit integer DEFAULT 500)
@@ -169,7 +190,7 @@ $$;
 
 -- Schedule (or re-schedule) pgmb's jobs. pg_cron >= 1.5 runs a short loop every second;
 -- 1.4 (Debian 12) has only minutes, so a per-minute job loops for 55 s.
-CREATE OR REPLACE FUNCTION pgmb.cron_install(batch integer DEFAULT 50) RETURNS text
+CREATE OR REPLACE FUNCTION pgmb.cron_install(batch integer DEFAULT pgmb.indb_batch()) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     version integer[] := pgmb.cron_version();
@@ -330,13 +351,187 @@ BEGIN
     RETURN (pgmb.run_headers(ARRAY[c], unix_time))[1];
 END $$;
 
+-- The steps of pgmb.dispatch_loop, each written once. Each catches its own fault: a step
+-- that fails is a warning (or the delivery's outcome), never the loop's end.
+
+-- Step "claim": up to batch deliveries; NULL when none is due or the claim failed (then the
+-- loop waits as when none is due, and tries again).
+CREATE OR REPLACE FUNCTION pgmb.loop_claim(queue_names text[], batch integer) RETURNS pgmb.claimed[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    claimed pgmb.claimed[];
+BEGIN
+    SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
+    RETURN claimed;
+EXCEPTION WHEN others THEN
+    RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
+    RETURN NULL;
+END $$;
+
+-- Step "reclaim": hands back the leases that ran out (dispatchers that died); returns when
+-- the next reclaim is due.
+CREATE OR REPLACE FUNCTION pgmb.loop_reclaim() RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+BEGIN
+    BEGIN
+        PERFORM pgmb.reclaim_expired();
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+    END;
+    RETURN clock_timestamp() + pgmb.indb_reclaim_interval();
+END $$;
+
+-- Step "heartbeat": the registered dispatcher me (NULL: registering failed, nothing to beat)
+-- with in_flight claimed rows not yet posted and its counts; returns when the next is due.
+CREATE OR REPLACE FUNCTION pgmb.loop_beat(me bigint, in_flight integer, delivered bigint, failed bigint)
+RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF me IS NOT NULL THEN
+        BEGIN
+            PERFORM pgmb.dispatcher_beat(me, in_flight, delivered, failed);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
+        END;
+    END IF;
+    RETURN clock_timestamp() + pgmb.indb_heartbeat_interval();
+END $$;
+
+-- Step "record": writes the outcomes kept so far (pgmb.record_outcomes) and empties the
+-- three arrays that keep them. A procedure, so that the loop's own arrays are emptied
+-- (INOUT) and the loop may COMMIT after it.
+CREATE OR REPLACE PROCEDURE pgmb.loop_record(INOUT delivery_ids bigint[], INOUT lease_ids uuid[],
+                                             INOUT outcomes pgmb.http_outcome[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(delivery_ids) > 0 THEN
+        PERFORM pgmb.record_outcomes(delivery_ids, lease_ids, outcomes);
+    END IF;
+    delivery_ids := '{}';
+    lease_ids := '{}';
+    outcomes := '{}';
+END $$;
+
+-- Step "post", one request (the http extension's way, or PL/Python's without runs): its
+-- outcome. A request that cannot be built, or a call that fails rather than give an
+-- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt,
+-- never the endpoint's.
+CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text) RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+    built_headers jsonb;
+BEGIN
+    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
+    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython cannot even
+    -- be planned where PL/Python is missing.
+    IF transport = 'plpython3u' THEN
+        RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
+    END IF;
+    RETURN pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
+EXCEPTION WHEN others THEN
+    RETURN ROW(NULL, 'pgmb''s own failure: '
+                     || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
+                             ELSE 'could not send the request: ' END || SQLERRM, NULL,
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+END $$;
+
+-- Step "post", a run (PL/Python's pgmb.post_run_via_plpython): row i of claimed and the
+-- unpaced rows after it, at most room of them, posted back to back. pgmb.post_run_via_plpython
+-- stops earlier at the batch's other bounds: budget_ms for the oldest outcome not yet
+-- committed (kept since pending_since; NULL: none is), guess_ms for the next request (the
+-- last one's time), and the deadline, or once a request of the run could outlast its lease.
+-- The headers are built in one statement; should one row's fail (a secret stored before the
+-- rules refused it, say), the rows before it make the run. Returns the rows posted, their
+-- outcomes, when the first ended, how long the last took (guess_ms when none was posted) and
+-- how many were 2xx; outcomes NULL: not even row i's headers could be built, so it goes the
+-- one-request way, which records its fault.
+CREATE OR REPLACE FUNCTION pgmb.loop_post_run(
+    claimed pgmb.claimed[], i integer, paced boolean, claimed_at timestamptz, room integer,
+    budget_ms float8, pending_since timestamptz, guess_ms float8, deadline timestamptz,
+    OUT delivery_ids bigint[], OUT lease_ids uuid[], OUT outcomes pgmb.http_outcome[],
+    OUT first_finished timestamptz, OUT last_ms float8, OUT ok integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    unix_time bigint := extract(epoch FROM now())::bigint;
+    run_max integer := i - 1 + least(cardinality(claimed) - i + 1, room);
+    run_end integer := run_max;
+    headers jsonb[];
+    urls text[];
+    bodies text[];
+    timeouts float8[];
+    -- The last moment (seconds since the epoch) a request of the run may begin and still
+    -- end within its lease.
+    lease_end float8;
+    started timestamptz;
+    posted integer;
+BEGIN
+    last_ms := guess_ms;
+    IF paced THEN
+        SELECT coalesce(min(k) - 1, run_max) INTO run_end
+        FROM generate_series(i + 1, run_max) AS k
+        WHERE (claimed[k]).rps < pgmb.unpaced_rps();
+    END IF;
+    BEGIN
+        headers := pgmb.run_headers(claimed[i:run_end], unix_time);
+    EXCEPTION WHEN others THEN
+        run_max := run_end;
+        run_end := i - 1;
+        WHILE run_end < run_max LOOP
+            BEGIN
+                PERFORM pgmb.request_headers(claimed[run_end + 1], unix_time);
+            EXCEPTION WHEN others THEN
+                EXIT;
+            END;
+            run_end := run_end + 1;
+        END LOOP;
+        IF run_end < i THEN
+            RETURN;
+        END IF;
+        headers := pgmb.run_headers(claimed[i:run_end], unix_time);
+    END;
+    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
+           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+           array_agg(x.lease_id ORDER BY x.ordinality),
+           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
+    INTO urls, bodies, timeouts, delivery_ids, lease_ids, lease_end
+    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
+    started := clock_timestamp();
+    BEGIN
+        SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
+               to_timestamp(min(r.finished)), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+               count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+        INTO outcomes, first_finished, last_ms, posted, ok
+        FROM pgmb.post_run_via_plpython(
+                 urls, bodies, headers, timeouts, room, budget_ms,
+                 extract(epoch FROM clock_timestamp() - pending_since) * 1000, guess_ms,
+                 -- No window begins past the loop's end, nor once a request of the run could
+                 -- outlast its lease (the rest come back to the loop, one by one).
+                 least(extract(epoch FROM deadline)::float8, lease_end))
+             WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
+    EXCEPTION WHEN others THEN
+        -- Not a request's fault (those are outcomes): the call's. Recorded against the run's
+        -- first row; the rest go on in the next run.
+        outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
+                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
+        first_finished := clock_timestamp();
+        last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+        posted := 1;
+        ok := 0;
+    END;
+    delivery_ids := delivery_ids[1:posted];
+    lease_ids := lease_ids[1:posted];
+END $$;
+
 -- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
 -- batches, committing between them (pg_cron runs it as a job, as_job). With the PL/Python
 -- transport a batch's requests to one worker go out as runs (pgmb.post_run_via_plpython);
 -- with the http extension one at a time. Outcomes are written in batches (pgmb.record_outcomes)
--- within the bounds of pgmb.indb_commit_bounds. A fault in one request is that delivery's
--- outcome, never the loop's end.
-CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT 50,
+-- within the bounds of pgmb.indb_commit_bounds. Its steps are the pgmb.loop_* routines above,
+-- each written once (docs/decisions/0070-the-in-database-loop-in-named-steps.md); what
+-- stays here is what runs per request (a call costs there) and the COMMITs, which only a
+-- procedure may make. A fault in one request is that delivery's outcome, never the loop's end.
+CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT pgmb.indb_batch(),
                                     queue_names text[] DEFAULT NULL, as_job boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -344,40 +539,35 @@ DECLARE
     commit_ms float8;
     deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
     next_reclaim timestamptz := clock_timestamp();
+    me bigint;
+    next_beat timestamptz := clock_timestamp() + pgmb.indb_heartbeat_interval();
+    delivered bigint := 0;
+    failed bigint := 0;
+    -- The claim, when it began (its leases run out lease_seconds after, or a little later),
+    -- how it is posted, and row i, the next to post.
     claimed pgmb.claimed[];
-    -- When the claim began: its leases run out lease_seconds after (or a little later).
     claimed_at timestamptz;
+    transport text;
+    runs boolean;
+    -- Whether a run must look for paced rows that end it (most claims have none).
+    paced boolean;
+    i integer;
     c pgmb.claimed;
-    outcome pgmb.http_outcome;
-    built_headers jsonb;
+    -- Pacing: when each paced worker may next be posted to (seconds since the epoch).
+    next_post jsonb := '{}';
+    wait float8;
     -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
     marked integer;
     -- Seconds since the claim began.
     waited float8;
-    transport text;
-    runs boolean;
+    -- What was just posted (a run, or one request): its rows, their outcomes, how many were
+    -- 2xx, when the first ended; when the one request began.
     started timestamptz;
-    next_post jsonb := '{}';
-    wait float8;
-    i integer;
-    -- The run starting at row i: rows i .. run_end, their requests, their outcomes.
-    run_end integer;
-    run_max integer;
-    run_urls text[];
-    run_bodies text[];
-    run_headers jsonb[];
-    run_timeouts float8[];
-    run_ids bigint[];
-    run_leases uuid[];
-    -- The last moment (seconds since the epoch) a request of the run may begin and still
-    -- end within its lease.
-    run_lease_end float8;
-    run_ok integer;
-    paced boolean;
-    run_outcomes pgmb.http_outcome[];
-    run_first float8;
-    run_last_ms float8;
-    posted integer;
+    posted_ok integer;
+    posted_ids bigint[];
+    posted_leases uuid[];
+    posted_outcomes pgmb.http_outcome[];
+    first_finished timestamptz;
     -- The outcomes not yet recorded, since when, and how long the last request took (the
     -- guess for the next one).
     done_ids bigint[] := '{}';
@@ -385,10 +575,6 @@ DECLARE
     done_outcomes pgmb.http_outcome[] := '{}';
     pending_since timestamptz;
     last_post_ms float8 := 0;
-    me bigint;
-    next_beat timestamptz := clock_timestamp() + interval '5 seconds';
-    delivered bigint := 0;
-    failed bigint := 0;
 BEGIN
     -- Read first: a bad setting stops the loop before it writes anything.
     SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
@@ -404,36 +590,17 @@ BEGIN
     END;
     WHILE clock_timestamp() < deadline LOOP
         EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
-        IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
-            BEGIN
-                PERFORM pgmb.dispatcher_beat(me, 0, delivered, failed);
-            EXCEPTION WHEN others THEN
-                RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
-            END;
-            next_beat := clock_timestamp() + interval '5 seconds';
+        IF clock_timestamp() >= next_beat THEN
+            next_beat := pgmb.loop_beat(me, 0, delivered, failed);
         END IF;
         IF clock_timestamp() >= next_reclaim THEN
-            BEGIN
-                PERFORM pgmb.reclaim_expired();
-            EXCEPTION WHEN others THEN
-                RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
-            END;
-            next_reclaim := clock_timestamp() + interval '5 seconds';
+            next_reclaim := pgmb.loop_reclaim();
         END IF;
-        BEGIN
-            claimed_at := clock_timestamp();
-            SELECT array_agg(x) INTO claimed FROM pgmb.claim(queue_names, batch) AS x;
-        EXCEPTION WHEN others THEN
-            -- Nothing claimed: wait as when nothing is due, then try again.
-            RAISE WARNING 'pgmb: could not claim: %', SQLERRM;
-            claimed := NULL;
-        END;
+        claimed_at := clock_timestamp();
+        claimed := pgmb.loop_claim(queue_names, batch);
         IF claimed IS NULL THEN
             -- Nothing waits for a sleep: the outcomes kept so far are committed first.
-            PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
-            done_ids := '{}';
-            done_leases := '{}';
-            done_outcomes := '{}';
+            CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
             COMMIT;
             wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
                           extract(epoch FROM deadline - clock_timestamp()));
@@ -448,8 +615,7 @@ BEGIN
         runs := transport = 'plpython3u'
                 AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
                                     'float8, float8, float8, float8)') IS NOT NULL;
-        -- Whether a run must look for paced rows that end it (most claims have none).
-        SELECT coalesce(bool_or(x.rps < 1000), false) INTO paced FROM unnest(claimed) AS x;
+        SELECT coalesce(bool_or(x.rps < pgmb.unpaced_rps()), false) INTO paced FROM unnest(claimed) AS x;
         i := 1;
         WHILE i <= cardinality(claimed) LOOP
             c := claimed[i];
@@ -461,7 +627,7 @@ BEGIN
             END IF;
             -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
             wait := 0;
-            IF c.rps < 1000 AND next_post ? c.worker_id::text THEN
+            IF c.rps < pgmb.unpaced_rps() AND next_post ? c.worker_id::text THEN
                 wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
             END IF;
             -- A COMMIT before this request: the claim's (the first of a claim), before and
@@ -473,10 +639,7 @@ BEGIN
                OR cardinality(done_ids) >= commit_every
                OR (cardinality(done_ids) > 0
                    AND extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms >= commit_ms) THEN
-                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
-                done_ids := '{}';
-                done_leases := '{}';
-                done_outcomes := '{}';
+                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
                 IF wait > 0 THEN
                     COMMIT;
                     PERFORM pg_sleep(wait);
@@ -503,10 +666,7 @@ BEGIN
             IF marked = 0
                OR (waited + c.timeout >= c.lease_seconds
                    AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
-                PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
-                done_ids := '{}';
-                done_leases := '{}';
-                done_outcomes := '{}';
+                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
                 IF marked IS DISTINCT FROM 0 THEN
                     PERFORM pgmb.release(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
                 END IF;
@@ -514,135 +674,45 @@ BEGIN
                 i := i + 1;
                 CONTINUE;
             END IF;
-            run_end := NULL;
-            IF runs AND c.rps >= 1000 THEN
-                -- The run: this row and the unpaced rows after it, as many as the batch has
-                -- room for (pgmb.post_run_via_plpython stops earlier at the batch's other
-                -- bounds).
-                run_end := i - 1 + least(cardinality(claimed) - i + 1, commit_every - cardinality(done_ids));
-                IF paced THEN
-                    SELECT coalesce(min(k) - 1, run_end) INTO run_end
-                    FROM generate_series(i + 1, run_end) AS k
-                    WHERE (claimed[k]).rps < 1000;
-                END IF;
-                -- The headers of the whole run in one statement. Should one row's fail (a
-                -- secret stored before the rules refused it, say), the rows before it make
-                -- the run, and it goes the one-request way, which records its fault.
-                BEGIN
-                    run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
-                EXCEPTION WHEN others THEN
-                    run_max := run_end;
-                    run_end := i - 1;
-                    WHILE run_end < run_max LOOP
-                        BEGIN
-                            PERFORM pgmb.request_headers(claimed[run_end + 1], extract(epoch FROM now())::bigint);
-                        EXCEPTION WHEN others THEN
-                            EXIT;
-                        END;
-                        run_end := run_end + 1;
-                    END LOOP;
-                    IF run_end >= i THEN
-                        run_headers := pgmb.run_headers(claimed[i:run_end], extract(epoch FROM now())::bigint);
-                    ELSE
-                        run_end := NULL;
-                    END IF;
-                END;
-                IF run_end IS NOT NULL THEN
-                    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
-                           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
-                           array_agg(x.lease_id ORDER BY x.ordinality),
-                           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
-                    INTO run_urls, run_bodies, run_timeouts, run_ids, run_leases, run_lease_end
-                    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
-                END IF;
+            -- Post: a run from this row, or this one request.
+            posted_outcomes := NULL;
+            IF runs AND c.rps >= pgmb.unpaced_rps() THEN
+                SELECT r.delivery_ids, r.lease_ids, r.outcomes, r.first_finished, r.last_ms, r.ok
+                INTO posted_ids, posted_leases, posted_outcomes, first_finished, last_post_ms, posted_ok
+                FROM pgmb.loop_post_run(claimed, i, paced, claimed_at, commit_every - cardinality(done_ids),
+                                        commit_ms, CASE WHEN cardinality(done_ids) > 0 THEN pending_since END,
+                                        last_post_ms, deadline) AS r;
             END IF;
-            IF c.rps < 1000 THEN
-                next_post := next_post || jsonb_build_object(c.worker_id::text,
-                                                             extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+            IF posted_outcomes IS NULL THEN
+                IF c.rps < pgmb.unpaced_rps() THEN
+                    next_post := next_post || jsonb_build_object(c.worker_id::text,
+                                                                 extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
+                END IF;
+                started := clock_timestamp();
+                posted_outcomes := ARRAY[pgmb.loop_post(c, transport)];
+                first_finished := clock_timestamp();
+                last_post_ms := extract(epoch FROM first_finished - started) * 1000;
+                posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;
+                posted_ids := ARRAY[c.delivery_id];
+                posted_leases := ARRAY[c.lease_id];
             END IF;
-            started := clock_timestamp();
-            IF run_end IS NOT NULL THEN
-                BEGIN
-                    SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
-                           min(r.finished), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
-                           count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
-                    INTO run_outcomes, run_first, run_last_ms, posted, run_ok
-                    FROM pgmb.post_run_via_plpython(
-                             run_urls, run_bodies, run_headers, run_timeouts,
-                             commit_every - cardinality(done_ids), commit_ms,
-                             CASE WHEN cardinality(done_ids) > 0
-                                  THEN extract(epoch FROM clock_timestamp() - pending_since) * 1000 END,
-                             last_post_ms,
-                             -- No window begins past the loop's end, nor once a request of the
-                             -- run could outlast its lease (the rest come back here, one by one).
-                             least(extract(epoch FROM deadline)::float8, run_lease_end))
-                         WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
-                EXCEPTION WHEN others THEN
-                    -- Not a request's fault (those are outcomes): the call's. Recorded against
-                    -- the run's first row; the rest go on in the next run.
-                    run_outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
-                                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
-                    run_first := extract(epoch FROM clock_timestamp());
-                    run_last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
-                    posted := 1;
-                    run_ok := 0;
-                END;
-                last_post_ms := run_last_ms;
-                IF cardinality(done_ids) = 0 THEN
-                    pending_since := to_timestamp(run_first);
-                END IF;
-                done_ids := done_ids || run_ids[1:posted];
-                done_leases := done_leases || run_leases[1:posted];
-                done_outcomes := done_outcomes || run_outcomes;
-                delivered := delivered + run_ok;
-                failed := failed + posted - run_ok;
-                i := i + posted;
-            ELSE
-                -- A request that cannot be built, or a call that fails rather than give an
-                -- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the
-                -- delivery's attempt, never the endpoint's.
-                built_headers := NULL;
-                BEGIN
-                    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
-                    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython
-                    -- cannot even be planned where PL/Python is missing.
-                    IF transport = 'plpython3u' THEN
-                        outcome := pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
-                    ELSE
-                        outcome := pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
-                    END IF;
-                EXCEPTION WHEN others THEN
-                    outcome := ROW(NULL, 'pgmb''s own failure: '
-                                         || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
-                                                 ELSE 'could not send the request: ' END || SQLERRM, NULL,
-                                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-                END;
-                last_post_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
-                IF cardinality(done_ids) = 0 THEN
-                    pending_since := clock_timestamp();
-                END IF;
-                done_ids := done_ids || c.delivery_id;
-                done_leases := done_leases || c.lease_id;
-                done_outcomes := done_outcomes || outcome;
-                IF outcome.status BETWEEN 200 AND 299 THEN
-                    delivered := delivered + 1;
-                ELSE
-                    failed := failed + 1;
-                END IF;
-                i := i + 1;
+            -- Keep the outcomes for the next "record".
+            IF cardinality(done_ids) = 0 THEN
+                pending_since := first_finished;
             END IF;
-            IF me IS NOT NULL AND clock_timestamp() >= next_beat THEN
-                BEGIN
-                    PERFORM pgmb.dispatcher_beat(me, cardinality(claimed) - i + 1, delivered, failed);
-                EXCEPTION WHEN others THEN
-                    RAISE WARNING 'pgmb: could not record a heartbeat: %', SQLERRM;
-                END;
-                next_beat := clock_timestamp() + interval '5 seconds';
+            done_ids := done_ids || posted_ids;
+            done_leases := done_leases || posted_leases;
+            done_outcomes := done_outcomes || posted_outcomes;
+            delivered := delivered + posted_ok;
+            failed := failed + cardinality(posted_outcomes) - posted_ok;
+            i := i + cardinality(posted_outcomes);
+            IF clock_timestamp() >= next_beat THEN
+                next_beat := pgmb.loop_beat(me, cardinality(claimed) - i + 1, delivered, failed);
             END IF;
         END LOOP;
     END LOOP;
     -- The last outcomes, committed with the CALL.
-    PERFORM pgmb.record_outcomes(done_ids, done_leases, done_outcomes);
+    CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
     IF me IS NOT NULL THEN
         BEGIN
             PERFORM pgmb.dispatcher_stop(me, delivered, failed);

@@ -7,6 +7,7 @@ on a real standalone cluster (``spark_cluster``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -49,10 +50,13 @@ def run_pipeline(transactional_db) -> Callable[..., str]:
 # installation's own jars, for as long as the session needs it.
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` free ports, all different: held open together while they are chosen."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def spark_cluster(tmp_path_factory) -> Iterator[SparkCluster]:
     [core] = home.glob("jars/spark-core_*.jar")
     scala = core.name.split("_")[1].split("-")[0]
     folder = tmp_path_factory.mktemp("spark-cluster")
-    port, ui, worker_ui = _free_port(), _free_port(), _free_port()
+    port, ui, worker_ui = _free_ports(3)
     env = {
         **os.environ,
         "SPARK_HOME": str(home),
@@ -123,7 +127,8 @@ def spark_cluster(tmp_path_factory) -> Iterator[SparkCluster]:
                 assert process.poll() is None, f"the Spark {name} ended:\n{log[-3000:]}"
             try:
                 return cluster.status().get("aliveworkers", 0) >= 1
-            except OSError:
+            except (OSError, ValueError):
+                # Not answering yet, or not with its JSON yet (a page while it starts).
                 return False
 
         wait_until(registered, CLUSTER_DEADLINE, "the Spark worker to register", 0.5)

@@ -18,6 +18,7 @@ import pgmb
 from pgmb.dispatch import http1
 from pgmb.dispatch.client import OWN_FAILURE
 from pgmb.models import Attempt, DeadLetter, Delivery, Worker
+from pgmb.worker_request import signature
 from tests.stored_rows import store_with_triggers_off
 from tests.waiting import wait_until
 
@@ -231,3 +232,32 @@ def test_plpython_sends_the_urls_credentials_as_pgmb_dispatch_does(transport, pg
     sent = record.headers["Authorization"]
     assert sent == "Basic " + base64.b64encode("alïce:p@ss:w".encode()).decode()
     assert f"Authorization: {sent}\r\n" in http1.parse_endpoint(url).head
+
+
+def test_a_claim_with_a_request_pgmb_cannot_build_signs_the_rest_each_for_itself(
+    transport, dispatch_until, make_recording_server, make_worker, make_queue
+):
+    # The claim's headers are built in one statement; when one row's cannot be, each row
+    # builds its own: the unbuildable row fails alone, the others go out signed.
+    bad_server, good_server = make_recording_server(), make_recording_server()
+    bad = make_worker(endpoint=bad_server.url("/hook"))
+    secret = "whsec_" + base64.b64encode(b"a claim's signing secret 89").decode()
+    good = make_worker(endpoint=good_server.url("/hook"), secret=secret)
+    make_queue("bad.#", worker=bad, max_retries=0)
+    make_queue("good.#", worker=good)
+    store_with_triggers_off("UPDATE pgmb_worker SET secret = 'whsec_a' WHERE id = %s", (bad.pk,))
+    sent = [pgmb.send(f"{kind}.k", {"n": n}) for n in range(3) for kind in ("bad", "good")]
+    signed = {str(m) for m in sent[1::2]}
+
+    dispatch_until(lambda: not Delivery.objects.exists(), "every delivery done")
+
+    assert bad_server.requests == []
+    assert {str(m) for m in DeadLetter.objects.values_list("message", flat=True)} == {
+        str(m) for m in sent[::2]
+    }
+    assert {r.headers["pgmb-message-id"] for r in good_server.requests} == signed
+    for r in good_server.requests:
+        expected = signature(
+            secret, r.headers["webhook-id"], int(r.headers["webhook-timestamp"]), r.body
+        )
+        assert r.headers["webhook-signature"] == expected

@@ -163,6 +163,79 @@ ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
 DROP FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, integer,
                                 timestamptz, jsonb, jsonb);
 
+-- ==== In-database loop: the http extension's path ====
+
+-- Before the section "In-database loop: named steps" below, which drops pgmb.loop_post as
+-- that section defined it: put back here first.
+DROP FUNCTION pgmb.loop_post(pgmb.claimed, text, jsonb), pgmb.loop_headers(pgmb.claimed[]);
+
+-- Step "post", one request (the http extension's way, or PL/Python's without runs): its
+-- outcome. A request that cannot be built, or a call that fails rather than give an
+-- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt,
+-- never the endpoint's.
+CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text) RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+    built_headers jsonb;
+BEGIN
+    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
+    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython cannot even
+    -- be planned where PL/Python is missing.
+    IF transport = 'plpython3u' THEN
+        RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
+    END IF;
+    RETURN pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
+EXCEPTION WHEN others THEN
+    RETURN ROW(NULL, 'pgmb''s own failure: '
+                     || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
+                             ELSE 'could not send the request: ' END || SQLERRM, NULL,
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+END $$;
+
+-- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it.
+CREATE OR REPLACE FUNCTION pgmb.http_outcome(status integer, content text, location text, retry_after text,
+                                             started timestamptz, body_limit integer DEFAULT 500)
+RETURNS pgmb.http_outcome
+LANGUAGE sql STABLE AS $$
+    SELECT ROW(status,
+               CASE WHEN status BETWEEN 200 AND 299 THEN ''
+                    ELSE trim(format('HTTP %s%s: %s', status,
+                                     CASE WHEN status BETWEEN 300 AND 399
+                                          THEN format(' redirect to %s (not followed)', coalesce(location, '?')) ELSE '' END,
+                                     left(coalesce(content, ''), body_limit))) END,
+               CASE WHEN status IN (429, 503) THEN pgmb.retry_after_seconds(retry_after) END,
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome
+$$;
+
+-- POST through pgsql-http. Called through EXECUTE so that this file installs without it.
+-- pgsql-http follows redirects itself (up to 5) and has no option to stop it.
+CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+    status integer;
+    content text;
+    location text;
+    retry_after text;
+BEGIN
+    EXECUTE 'SELECT http_set_curlopt(''CURLOPT_TIMEOUT_MS'', $1)' USING ceil(timeout * 1000)::bigint::text;
+    EXECUTE $q$
+        SELECT (r).status, (r).content,
+               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'location' LIMIT 1),
+               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1)
+        FROM (SELECT http(('POST', $1,
+                           (SELECT coalesce(array_agg(http_header(k, v)), '{}')
+                            FROM jsonb_each_text($2) AS e(k, v) WHERE lower(k) <> 'content-type'),
+                           'application/json', $3)::http_request) AS r) AS response
+    $q$ INTO status, content, location, retry_after USING url, headers, body;
+    RETURN pgmb.http_outcome(status, content, location, retry_after, started);
+EXCEPTION WHEN others THEN
+    RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+END $$;
+
 -- ==== In-database loop: named steps ====
 
 -- Schedule (or re-schedule) pgmb's jobs. pg_cron >= 1.5 runs a short loop every second;

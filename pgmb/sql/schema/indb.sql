@@ -43,20 +43,23 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '5 seconds' $$;
 CREATE OR REPLACE FUNCTION pgmb.indb_batch() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 50 $$;
 
--- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it.
+-- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it. PL/pgSQL, not
+-- SQL: a SQL function that cannot be inlined (clock_timestamp() in a STABLE one) is parsed
+-- again in every subtransaction, and each request runs in one; PL/pgSQL keeps its plan.
 CREATE OR REPLACE FUNCTION pgmb.http_outcome(status integer, content text, location text, retry_after text,
                                              started timestamptz, body_limit integer DEFAULT 500)
 RETURNS pgmb.http_outcome
-LANGUAGE sql STABLE AS $$
-    SELECT ROW(status,
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN ROW(status,
                CASE WHEN status BETWEEN 200 AND 299 THEN ''
                     ELSE trim(format('HTTP %s%s: %s', status,
                                      CASE WHEN status BETWEEN 300 AND 399
                                           THEN format(' redirect to %s (not followed)', coalesce(location, '?')) ELSE '' END,
                                      left(coalesce(content, ''), body_limit))) END,
                CASE WHEN status IN (429, 503) THEN pgmb.retry_after_seconds(retry_after) END,
-               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome
-$$;
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+END $$;
 
 -- The networks the default endpoint policy refuses: pgmb.conf.DEFAULT_ENDPOINT_POLICY's
 -- deny list (link-local, the metadata services, also through NAT64 and 6to4; one table of
@@ -110,32 +113,42 @@ LANGUAGE sql STABLE AS $$
                      FROM pgmb.endpoint_policy AS p), true)
 $$;
 
--- POST through pgsql-http. Called through EXECUTE so that this file installs without it.
--- pgsql-http follows redirects itself (up to 5) and has no option to stop it.
+-- POST through pgsql-http. Static SQL, planned once a session: PL/pgSQL resolves http()
+-- and its types when the statement first runs, so this file installs without the
+-- extension. pgsql-http follows redirects itself (up to 5) and has no option to stop it.
+-- Its curl options last for the session, whatever becomes of the transaction: the timeout
+-- is set only when it differs from the one this session last set (pgmb.http_timeout_ms; a
+-- rollback forgets it, so it is then set again, never left stale).
 CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
 RETURNS pgmb.http_outcome
 LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz := clock_timestamp();
-    status integer;
-    content text;
-    location text;
-    retry_after text;
+    timeout_ms text := ceil(timeout * 1000)::bigint::text;
+    answer_status integer;
+    answer_content text;
+    answer_location text;
+    answer_retry_after text;
 BEGIN
-    EXECUTE 'SELECT http_set_curlopt(''CURLOPT_TIMEOUT_MS'', $1)' USING ceil(timeout * 1000)::bigint::text;
-    EXECUTE $q$
+    BEGIN
+        IF current_setting('pgmb.http_timeout_ms', true) IS DISTINCT FROM timeout_ms THEN
+            PERFORM http_set_curlopt('CURLOPT_TIMEOUT_MS', timeout_ms);
+            PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
+        END IF;
         SELECT (r).status, (r).content,
                (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'location' LIMIT 1),
                (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1)
-        FROM (SELECT http(('POST', $1,
-                           (SELECT coalesce(array_agg(http_header(k, v)), '{}')
-                            FROM jsonb_each_text($2) AS e(k, v) WHERE lower(k) <> 'content-type'),
-                           'application/json', $3)::http_request) AS r) AS response
-    $q$ INTO status, content, location, retry_after USING url, headers, body;
-    RETURN pgmb.http_outcome(status, content, location, retry_after, started);
-EXCEPTION WHEN others THEN
-    RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
-               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+        INTO answer_status, answer_content, answer_location, answer_retry_after
+        FROM (SELECT http(('POST', url,
+                           (SELECT coalesce(array_agg(ROW(e.k, e.v)::http_header), '{}')
+                            FROM jsonb_each_text(headers) AS e(k, v) WHERE lower(e.k) <> 'content-type'),
+                           'application/json', body)::http_request) AS r) AS response;
+    EXCEPTION WHEN others THEN
+        RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
+                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+    END;
+    -- Outside the subtransaction, which need only cover the call.
+    RETURN pgmb.http_outcome(answer_status, answer_content, answer_location, answer_retry_after, started);
 END $$;
 
 -- One POST through the database's transport (pgmb.http_transport): the http extension,
@@ -412,21 +425,41 @@ BEGIN
     outcomes := '{}';
 END $$;
 
+-- Step "headers": the headers of every claimed row, built in one statement
+-- (pgmb.run_headers, as a run builds its own); NULL when one row's cannot be built (a secret
+-- stored before the rules refused it, say): then each row builds its own when posted, and
+-- the faulty row's fault is its outcome.
+CREATE OR REPLACE FUNCTION pgmb.loop_headers(claimed pgmb.claimed[]) RETURNS jsonb[]
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pgmb.run_headers(claimed, extract(epoch FROM now())::bigint);
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
+
 -- Step "post", one request (the http extension's way, or PL/Python's without runs): its
--- outcome. A request that cannot be built, or a call that fails rather than give an
--- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt,
--- never the endpoint's.
-CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text) RETURNS pgmb.http_outcome
+-- outcome. built_headers are the request's headers from the claim's "headers" step (NULL:
+-- built here). transport is the claim's (pgmb.http_transport, looked up once a claim with
+-- the endpoint policy that allows the http extension): its post is called directly. A
+-- request that cannot be built, or a call that fails rather than give an outcome, is
+-- pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt, never the
+-- endpoint's.
+CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text, built_headers jsonb)
+RETURNS pgmb.http_outcome
 LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz := clock_timestamp();
-    built_headers jsonb;
 BEGIN
-    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
-    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython cannot even
-    -- be planned where PL/Python is missing.
+    IF built_headers IS NULL THEN
+        built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
+    END IF;
+    -- One statement each, not one CASE: an expression naming pgmb.post_via_plpython cannot
+    -- even be planned where PL/Python is missing.
     IF transport = 'plpython3u' THEN
         RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
+    END IF;
+    IF transport = 'http' THEN
+        RETURN pgmb.post_via_http(c.endpoint, c.body, built_headers, c.timeout);
     END IF;
     RETURN pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
 EXCEPTION WHEN others THEN
@@ -549,6 +582,8 @@ DECLARE
     claimed_at timestamptz;
     transport text;
     runs boolean;
+    -- The claim's headers, row by row (NULL: each row builds its own).
+    claim_headers jsonb[];
     -- Whether a run must look for paced rows that end it (most claims have none).
     paced boolean;
     i integer;
@@ -616,6 +651,9 @@ BEGIN
                 AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
                                     'float8, float8, float8, float8)') IS NOT NULL;
         SELECT coalesce(bool_or(x.rps < pgmb.unpaced_rps()), false) INTO paced FROM unnest(claimed) AS x;
+        -- One request at a time: the headers of the whole claim in one statement (a run
+        -- builds its own).
+        claim_headers := CASE WHEN NOT runs THEN pgmb.loop_headers(claimed) END;
         i := 1;
         WHILE i <= cardinality(claimed) LOOP
             c := claimed[i];
@@ -689,7 +727,10 @@ BEGIN
                                                                  extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
                 END IF;
                 started := clock_timestamp();
-                posted_outcomes := ARRAY[pgmb.loop_post(c, transport)];
+                -- A paced row builds its headers when posted: its signature's time is then
+                -- its request's, however long it waited.
+                posted_outcomes := ARRAY[pgmb.loop_post(c, transport,
+                                                        CASE WHEN c.rps >= pgmb.unpaced_rps() THEN claim_headers[i] END)];
                 first_finished := clock_timestamp();
                 last_post_ms := extract(epoch FROM first_finished - started) * 1000;
                 posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;

@@ -22,11 +22,16 @@ state to compare, so that a case and its baseline differ only in the size under 
 5. the hot table: ``pgmb_delivery``'s size before that backlog, full, drained (the
    dispatcher's housekeeping, ``pgmb.housekeeping``, ran as it went idle, unless
    ``--no-dispatcher-housekeeping``), after autovacuum (as the cluster configures it), after
-   ``VACUUM``, after ``manage.py pgmb_housekeeping`` and after ``REINDEX``.
+   ``VACUUM``, after ``manage.py pgmb_housekeeping`` and after ``REINDEX``;
+6. retention: ``--retention-stored`` messages (default ``--stored``) published over
+   ``--retention-days`` days, each with its ack attempt, all finished; the oldest day's
+   messages and attempts leave as the archive job deletes them (``delete_batch`` of
+   ``pgmb/sql/queries/archive.sql``, transactions of the job's default batch size, after an
+   untimed claim of the day into a written run); timed once, end to end.
 
 Cases 1-3 run in rounds next to their baseline (``bench/harness.py``); the best run of each
-counts (``--hot-table-only``: only cases 4 and 5). Every clone is dropped at the end unless
-``--keep``.
+counts (``--hot-table-only``: only cases 4 and 5; ``--retention-only``: only case 6). Every
+clone is dropped at the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -83,7 +88,29 @@ SELECT encode(set_bit(set_bit(
                           'lines', '[{"sku": "A-1", "qty": 2}, {"sku": "B-7", "qty": 1}]'::jsonb),
        '{}', t, t
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g,
-     LATERAL (SELECT now() - (%(total)s - g) * interval '10 ms') AS s(t)
+     LATERAL (SELECT now() - (%(total)s - g) * %(spacing_ms)s * interval '1 ms') AS s(t)
+"""
+
+#: Case 6: one ack attempt for each stored message of ids ``[low, high)``, at its publication.
+ACKED = """
+INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms,
+                          error, created_at)
+SELECT m.id, %(queue)s, 1, 'ack', 200, 1.0, '', m.created_at
+FROM pgmb_message m
+WHERE m.id > %(low)s
+"""
+
+#: Case 6, untimed: the oldest day's messages claimed by a written archive run.
+CLAIM_DAY = """
+WITH run AS (
+    INSERT INTO pgmb_archive_run (output, cutoff, state, messages)
+    VALUES ('bench', now(), 'written', 0)
+    RETURNING id
+)
+INSERT INTO pgmb_archive_item (run_id, message_id)
+SELECT run.id, m.id FROM run, pgmb_message m
+WHERE m.created_at < (SELECT min(created_at) FROM pgmb_message) + interval '1 day'
+RETURNING run_id
 """
 
 SIZES = """
@@ -168,16 +195,33 @@ def _publish_params(count: int) -> dict[str, Any]:
     }
 
 
-def fill_stored(conn: psycopg.Connection[Any], total: int) -> None:
-    """``total`` old messages with no deliveries, in chunks; then vacuumed as autovacuum would."""
+def fill_stored(
+    conn: psycopg.Connection[Any], total: int, spacing_ms: float = 10.0, acked: bool = False
+) -> None:
+    """``total`` old messages ``spacing_ms`` apart (the last one now) with no deliveries, in
+    chunks, each with its ack attempt if ``acked``; then vacuumed as autovacuum would."""
     began = time.monotonic()
     conn.execute("SET session_replication_role = replica")
+    (queue,) = conn.execute("SELECT id FROM pgmb_queue WHERE name = %s", (QUEUE,)).fetchone()
     for first in range(1, total + 1, FILL_CHUNK):
         last = min(total, first + FILL_CHUNK - 1)
-        params = {"keys": list(publish.ROUTING_KEYS), "first": first, "last": last, "total": total}
+        params = {
+            "keys": list(publish.ROUTING_KEYS),
+            "first": first,
+            "last": last,
+            "total": total,
+            "spacing_ms": spacing_ms,
+        }
+        (low,) = conn.execute(
+            "SELECT coalesce((SELECT id FROM pgmb_message ORDER BY id DESC LIMIT 1),"
+            " '00000000-0000-0000-0000-000000000000')"
+        ).fetchone()
         conn.execute(STORED, params)
+        if acked:
+            conn.execute(ACKED, {"queue": queue, "low": low})
         print(f"  stored {last:,} of {total:,} ({time.monotonic() - began:.0f} s)", flush=True)
     conn.execute("RESET session_replication_role")
+    conn.execute("VACUUM (ANALYZE) pgmb_attempt")
     settle(conn)
 
 
@@ -448,13 +492,70 @@ def memory_and_hot_table(database: str, total: int, wait: float, housekeeping: b
     print("  manage.py pgmb_housekeeping said:\n    " + report.strip().replace("\n", "\n    "))
 
 
+# --- 6: retention. ---
+
+
+@dataclass
+class Retention:
+    stored: int
+    days: float
+    messages: int
+    attempts: int
+    transactions: int
+    seconds: float
+
+
+def retention(database: str, total: int, days: float) -> Retention:
+    """The oldest of ``days`` days of ``total`` finished messages leaves as the archive job
+    deletes a written run: ``delete_batch`` until nothing is left, one transaction each."""
+    from pgmb import sql as pgmb_sql
+    from pgmb.pipeline.archive import DEFAULT_BATCH_SIZE
+
+    delete = pgmb_sql.query("archive.sql", "delete_batch")
+    with harness.connect(database) as conn:
+        print(f"\nFilling (not timed): {total:,} messages over {days:g} days, each acked")
+        fill_stored(conn, total, spacing_ms=days * 86_400_000 / total, acked=True)
+        claimed = conn.execute(CLAIM_DAY).fetchall()
+        run = claimed[0][0]
+        conn.execute("CHECKPOINT")
+        messages = attempts = transactions = 0
+        start = time.perf_counter()
+        while True:
+            items, gone, gone_attempts = conn.execute(
+                delete, {"run": run, "limit": DEFAULT_BATCH_SIZE}
+            ).fetchone()
+            transactions += 1
+            messages += gone
+            attempts += gone_attempts
+            if items < DEFAULT_BATCH_SIZE:
+                break
+        seconds = time.perf_counter() - start
+    if messages != len(claimed) or attempts != len(claimed):
+        raise RuntimeError(
+            f"retention check failed: {messages:,} messages and {attempts:,} attempts deleted"
+            f" of {len(claimed):,}"
+        )
+    return Retention(total, days, messages, attempts, transactions, seconds)
+
+
+def print_retention(result: Retention) -> None:
+    print(
+        f"\n6. Retention: the oldest day of {result.stored:,} finished messages over "
+        f"{result.days:g} days (each with its ack attempt), as the archive job deletes it "
+        f"(delete_batch, {result.transactions:,} transactions): {result.messages:,} messages "
+        f"and {result.attempts:,} attempts in {result.seconds:.1f} s "
+        f"({result.messages / result.seconds:,.0f} messages/s); goal < 1 s "
+        + ("met" if result.seconds < 1 else "NOT MET")
+    )
+
+
 # --- Main. ---
 
 
 def cases_1_to_3(db: dict[str, str], names: Sequence[str], args: argparse.Namespace) -> list[str]:
     """Publishing, claim+ack and routing next to their baselines; routing problems found."""
     base_queues = 1 + len(publish.OTHER_BINDINGS)
-    conns = {name: harness.connect(db[name]) for name in names[:-1]}
+    conns = {name: harness.connect(db[name]) for name in names if name not in ("rss", "retention")}
     try:
         print(f"\nFilling (not timed): {args.stored:,} stored messages", flush=True)
         fill_stored(conns["stored"], args.stored)
@@ -552,6 +653,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--hot-table-only", action="store_true", help="only cases 4 and 5 (memory, hot table)"
     )
+    parser.add_argument("--retention-only", action="store_true", help="only case 6 (retention)")
+    parser.add_argument(
+        "--retention-stored", type=int, help="messages for case 6 (default --stored)"
+    )
+    parser.add_argument(
+        "--retention-days", type=float, default=10.0, help="days they span (default 10)"
+    )
     parser.add_argument(
         "--no-dispatcher-housekeeping",
         dest="dispatcher_housekeeping",
@@ -563,6 +671,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.stored, args.backlog, args.small_backlog = 50_000, 50_000, 2_000
         args.queues, args.rss_deliveries = 100, 20_000
         args.seconds, args.rounds, args.autovacuum_wait = 0.5, 1, 0.0
+    if args.retention_stored is None:
+        args.retention_stored = args.stored
     base_queues = 1 + len(publish.OTHER_BINDINGS)
     if (
         args.queues <= base_queues
@@ -574,9 +684,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     began = time.monotonic()
-    names = ("empty", "stored", "routing", "literal", "small", "large", "rss")
+    names = ("empty", "stored", "routing", "literal", "small", "large", "rss", "retention")
     if args.hot_table_only:
         names = ("rss",)
+    elif args.retention_only:
+        names = ("retention",)
     with (
         endpoints.fast_endpoint() as fast,
         harness.scratch_database(args.db, args.keep),
@@ -589,14 +701,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{args.backlog:,}, queues 5 vs {args.queues:,}, "
                 f"rss deliveries {args.rss_deliveries:,}",
             )
-            problems = [] if args.hot_table_only else cases_1_to_3(db, names, args)
-            memory_and_hot_table(
-                db["rss"], args.rss_deliveries, args.autovacuum_wait, args.dispatcher_housekeeping
-            )
+            only = args.hot_table_only or args.retention_only
+            problems = [] if only else cases_1_to_3(db, names, args)
+            if not args.retention_only:
+                memory_and_hot_table(
+                    db["rss"],
+                    args.rss_deliveries,
+                    args.autovacuum_wait,
+                    args.dispatcher_housekeeping,
+                )
+            if not args.hot_table_only:
+                print_retention(
+                    retention(db["retention"], args.retention_stored, args.retention_days)
+                )
     if problems:
         print("\nROUTING CHECK FAILED:\n  " + "\n  ".join(problems))
         return 1
-    checked = "" if args.hot_table_only else "routing check passed; "
+    checked = "" if args.hot_table_only or args.retention_only else "routing check passed; "
     print(f"\n{checked}took {time.monotonic() - began:.0f} s")
     return 0
 

@@ -18,6 +18,9 @@ class Migration(migrations.Migration):
         # together, never one while waiting for another (LockTables, CONTRIBUTING.md).
         LockTables(
             "pgmb_queue",
+            # History partitioned by time: both tables are renamed and attached to new ones.
+            "pgmb_message",
+            "pgmb_attempt",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
         # With its default a constant, adding the column writes no row, and 0.1.1's

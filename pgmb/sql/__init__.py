@@ -46,6 +46,7 @@ SCHEMA: tuple[str, ...] = (
     "metrics",
     "dispatchers",
     "indb",
+    "history",
     "access",
 )
 

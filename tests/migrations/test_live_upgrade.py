@@ -58,7 +58,9 @@ FROM pg_proc p WHERE p.pronamespace = 'pgmb'::regnamespace
 UNION ALL
 SELECT 'column', format('%s.%s', c.oid::regclass, a.attname), format_type(a.atttypid, a.atttypmod)
 FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-WHERE c.relkind IN ('r', 'v', 'c')
+-- A partitioned table ('p') is the table its release's statements name; its partitions are
+-- not part of the surface.
+WHERE c.relkind IN ('r', 'p', 'v', 'c') AND NOT c.relispartition
   AND (c.relnamespace = 'pgmb'::regnamespace
        OR c.relnamespace = 'public'::regnamespace AND c.relname LIKE 'pgmb\\_%')
   -- Per-queue views are made by the queues, not by the migrations.

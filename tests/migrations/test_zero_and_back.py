@@ -12,15 +12,15 @@ from pgmb.dispatch.engine import Dispatcher, Options
 from tests.migrations.conftest import manage
 from tests.waiting import wait_until
 
-#: pgmb's tables (pgmb_dashboard is a model without one), schemas, and trigger functions
-#: (one per django-pgtrigger trigger of the models).
+#: pgmb's tables (pgmb_dashboard is a model without one; the history tables' partitions
+#: aside), schemas, and trigger functions (one per django-pgtrigger trigger of the models).
 INSTALLED = {"tables": 12, "schema": 1, "trigger_functions": 14}
 
 
 def _state(conn: psycopg.Connection) -> dict[str, int]:
     [(tables, schema, trigger_functions)] = conn.execute(
-        "SELECT (SELECT count(*) FROM information_schema.tables"
-        "        WHERE table_name LIKE 'pgmb\\_%'),"
+        "SELECT (SELECT count(*) FROM pg_class"
+        "        WHERE relname LIKE 'pgmb\\_%' AND relkind IN ('r', 'p') AND NOT relispartition),"
         " (SELECT count(*) FROM pg_namespace WHERE nspname = 'pgmb'),"
         " (SELECT count(*) FROM pg_proc WHERE proname LIKE 'pgtrigger\\_%')"
     ).fetchall()

@@ -597,3 +597,105 @@ DROP FUNCTION
     pgmb.indb_heartbeat_interval(),
     pgmb.indb_reclaim_interval(),
     pgmb.indb_batch();
+
+-- ==== History partitioned by time ====
+
+-- Each history table back to one plain table: the day partitions' rows go into the
+-- default partition (the table as it was before), which takes the table's name, indexes,
+-- triggers, statistics, grants and views back; then the functions of this section go.
+CREATE FUNCTION pg_temp.unpartition_history_table(tbl name) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    parent regclass := tbl::regclass;
+    part name := tbl || '_default';
+    views text[];
+    functions text[];
+    names text[];
+    acls text[];
+    triggers text[];
+    statistics text[];
+    i record;
+    g record;
+    def text;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = parent) <> 'p' THEN
+        RETURN;
+    END IF;
+    views := ARRAY(SELECT DISTINCT format('CREATE OR REPLACE VIEW %s AS %s', v.oid::regclass,
+                                          pg_get_viewdef(v.oid))
+                   FROM pg_depend d JOIN pg_rewrite w ON w.oid = d.objid
+                   JOIN pg_class v ON v.oid = w.ev_class
+                   WHERE d.refobjid = parent AND d.classid = 'pg_rewrite'::regclass AND v.oid <> parent);
+    functions := ARRAY(SELECT pg_get_functiondef(p.oid) FROM pg_proc p
+                       WHERE (SELECT reltype FROM pg_class WHERE oid = parent) = ANY (p.proargtypes::oid[])
+                       ORDER BY p.oid);
+    -- Their signatures once the table has its name back (the same text), and grants.
+    names := ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                   WHERE (SELECT reltype FROM pg_class WHERE oid = parent) = ANY (p.proargtypes::oid[])
+                   ORDER BY p.oid);
+    acls := ARRAY(SELECT coalesce(p.proacl, '{}')::text FROM pg_proc p
+                  WHERE (SELECT reltype FROM pg_class WHERE oid = parent) = ANY (p.proargtypes::oid[])
+                  ORDER BY p.oid);
+    triggers := ARRAY(SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t
+                      WHERE t.tgrelid = parent AND NOT t.tgisinternal ORDER BY t.tgname);
+    statistics := ARRAY(SELECT pg_get_statisticsobjdef(s.oid) FROM pg_statistic_ext s WHERE s.stxrelid = parent);
+    FOR i IN SELECT s.stxnamespace::regnamespace::name AS nsp, s.stxname FROM pg_statistic_ext s
+             WHERE s.stxrelid = parent LOOP
+        EXECUTE format('DROP STATISTICS %I.%I', i.nsp, i.stxname);
+    END LOOP;
+    FOR i IN SELECT t.tgname FROM pg_trigger t WHERE t.tgrelid = parent AND NOT t.tgisinternal LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', i.tgname, parent);
+    END LOOP;
+    FOR i IN SELECT p.oid FROM pg_proc p
+             WHERE (SELECT reltype FROM pg_class WHERE oid = parent) = ANY (p.proargtypes::oid[]) LOOP
+        EXECUTE format('DROP FUNCTION %s', i.oid::regprocedure);
+    END LOOP;
+    EXECUTE format('ALTER TABLE %s DETACH PARTITION %I', parent, part);
+    FOR i IN SELECT c.oid::regclass AS day FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+             WHERE h.inhparent = parent LOOP
+        EXECUTE format('INSERT INTO %I SELECT * FROM %s', part, i.day);
+    END LOOP;
+    EXECUTE format('ALTER TABLE %s RENAME TO %I', parent, tbl || '_partitioned');
+    EXECUTE format('ALTER TABLE %I RENAME TO %I', part, tbl);
+    FOREACH def IN ARRAY statistics || triggers || views || functions LOOP
+        EXECUTE def;
+    END LOOP;
+    -- The functions of the row type made again keep their grants (closed to PUBLIC).
+    FOR i IN SELECT p.oid, f.acl FROM unnest(names, acls) AS f(name, acl)
+             JOIN pg_proc p ON p.oid::regprocedure::text = f.name LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', i.oid::regprocedure);
+        FOR g IN SELECT a.grantee FROM aclexplode(i.acl::aclitem[]) a
+                 WHERE a.grantee <> (SELECT proowner FROM pg_proc WHERE oid = i.oid) LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', i.oid::regprocedure,
+                           CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(g.grantee::regrole::text) END);
+        END LOOP;
+    END LOOP;
+    EXECUTE format('DROP TABLE %I', tbl || '_partitioned');
+    FOR i IN SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+             WHERE x.indrelid = tbl::regclass AND c.relname LIKE part || '%' LOOP
+        EXECUTE format('ALTER INDEX %I RENAME TO %I', i.relname, tbl || substring(i.relname FROM length(part) + 1));
+    END LOOP;
+END $$;
+
+-- Printed while the tables are partitioned, the views and functions name the parent;
+-- made again, they name the plain table.
+SELECT pg_temp.unpartition_history_table('pgmb_message');
+SELECT pg_temp.unpartition_history_table('pgmb_attempt');
+DROP FUNCTION pgmb.retire_history(interval), pgmb.premake_history(integer), pgmb.history_days(),
+    pgmb.partition_history_table(name, name), pgmb.history_tables(), pgmb.day_floor(date),
+    pgmb.copy_table_grants(regclass, regclass);
+
+-- A dispatcher found nothing to claim and is about to wait: mark it waiting. True once no
+-- message insert is in flight, after which every publisher sees the mark; false if one
+-- is (the caller claims again shortly and calls this again before it sleeps for long).
+CREATE OR REPLACE FUNCTION pgmb.dispatcher_idle(dispatcher_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pgmb_dispatcher d SET waiting = true WHERE d.id = dispatcher_id AND d.waiting IS NOT true;
+    BEGIN
+        LOCK TABLE pgmb_message IN SHARE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;

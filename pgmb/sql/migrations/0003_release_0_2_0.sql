@@ -1035,3 +1035,296 @@ REVOKE EXECUTE ON FUNCTION
     pgmb.loop_headers(pgmb.claimed[]),
     pgmb.loop_post(pgmb.claimed, text, jsonb)
 FROM PUBLIC;
+
+-- ==== History partitioned by time ====
+
+-- History partitioned by time (docs/decisions/0076-history-partitioned-by-message-day.md):
+-- pgmb_message is partitioned by RANGE (id) and pgmb_attempt by RANGE (message_id), one
+-- partition a UTC day of the message id's time (a UUID v7's first 48 bits), so that a
+-- message's attempts live in its day and retention drops a day's two tables instead of
+-- deleting its rows. Each table's DEFAULT partition takes every id no day holds: ids that
+-- producers gave (any UUID), a clock past the days made and, in a database upgraded from
+-- 0.1.x, every row stored before (the old table became the default partition). Nothing is
+-- refused for want of a partition.
+
+-- The id that starts a UTC day: its first 48 bits that day's first millisecond, the rest
+-- zero. Day partitions are bounded by these.
+CREATE OR REPLACE FUNCTION pgmb.day_floor(day date) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT encode(substring(int8send((extract(epoch FROM day::timestamp) * 1000)::bigint) FROM 3)
+                  || '\x00000000000000000000'::bytea, 'hex')::uuid
+$$;
+
+-- The history tables and the column each is partitioned by.
+CREATE OR REPLACE FUNCTION pgmb.history_tables() RETURNS TABLE (parent name, key name)
+LANGUAGE sql IMMUTABLE
+AS $$ VALUES ('pgmb_message'::name, 'id'::name), ('pgmb_attempt'::name, 'message_id'::name) $$;
+
+-- Gives table `dst` the grants table `src` has (its owner's aside): a partition gets its
+-- parent's, as pgmb.apply_access gives every pgmb_* table.
+CREATE OR REPLACE FUNCTION pgmb.copy_table_grants(src regclass, dst regclass) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    i record;
+BEGIN
+    FOR i IN SELECT a.privilege_type, a.grantee FROM pg_class c, aclexplode(c.relacl) a
+             WHERE c.oid = src AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON %s TO %s', i.privilege_type, dst,
+                       CASE WHEN i.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(i.grantee::regrole::text) END);
+    END LOOP;
+END $$;
+
+-- Turns one of the history tables into a partitioned table, in constant time whatever it
+-- holds: the table is renamed <table>_default (its indexes and statistics after it), a
+-- partitioned table with its columns, defaults, checks, indexes, statistics, triggers and
+-- grants is made under its name, and the old table attached as its DEFAULT partition (a
+-- default partition is attached without a scan while it is the only one). The views over
+-- it and the functions of its row type are made again for the new table. Does nothing if
+-- the table is partitioned already.
+CREATE OR REPLACE FUNCTION pgmb.partition_history_table(tbl name, key name) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    old regclass := tbl::regclass;
+    part name := tbl || '_default';
+    schema name := (SELECT relnamespace::regnamespace::name FROM pg_class WHERE oid = old);
+    views text[];
+    triggers text[];
+    statistics text[];
+    i record;
+    g record;
+    def text;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = old) = 'p' THEN
+        RETURN;
+    END IF;
+    -- Printed before the rename, so that they name the table, not its old relation.
+    views := ARRAY(SELECT DISTINCT format('CREATE OR REPLACE VIEW %s AS %s', v.oid::regclass,
+                                          pg_get_viewdef(v.oid))
+                   FROM pg_depend d JOIN pg_rewrite w ON w.oid = d.objid
+                   JOIN pg_class v ON v.oid = w.ev_class
+                   WHERE d.refobjid = old AND d.classid = 'pg_rewrite'::regclass AND v.oid <> old);
+    triggers := ARRAY(SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t
+                      WHERE t.tgrelid = old AND NOT t.tgisinternal ORDER BY t.tgname);
+    statistics := ARRAY(SELECT pg_get_statisticsobjdef(s.oid) FROM pg_statistic_ext s WHERE s.stxrelid = old);
+    FOR i IN SELECT s.stxnamespace::regnamespace::name AS nsp, s.stxname FROM pg_statistic_ext s
+             WHERE s.stxrelid = old LOOP
+        EXECUTE format('DROP STATISTICS %I.%I', i.nsp, i.stxname);
+    END LOOP;
+    FOR i IN SELECT t.tgname FROM pg_trigger t WHERE t.tgrelid = old AND NOT t.tgisinternal LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', i.tgname, old);
+    END LOOP;
+
+    EXECUTE format('ALTER TABLE %s RENAME TO %I', old, part);
+    FOR i IN SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+             WHERE x.indrelid = old LOOP
+        EXECUTE format('ALTER INDEX %I.%I RENAME TO %I', schema, i.relname,
+                       part || substring(i.relname FROM length(tbl) + 1));
+    END LOOP;
+    EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS'
+                   ' INCLUDING STORAGE INCLUDING COMMENTS) PARTITION BY RANGE (%I)',
+                   schema, tbl, old, key);
+    -- An identity column keeps its sequence: rows go in through the parent, whose
+    -- default is the one that counts.
+    FOR i IN SELECT a.attname FROM pg_attribute a WHERE a.attrelid = old AND a.attidentity <> '' LOOP
+        EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN %I SET DEFAULT nextval(%L::regclass)', schema, tbl,
+                       i.attname, pg_get_serial_sequence(old::text, i.attname));
+    END LOOP;
+    -- The primary key where it holds the partition key (the message's id); the attempt's
+    -- id stays unique in each partition and, drawn from one sequence, in all.
+    FOR i IN SELECT x.indexrelid, pg_get_constraintdef(c.oid) AS def FROM pg_index x
+             JOIN pg_constraint c ON c.conindid = x.indexrelid AND c.contype = 'p'
+             WHERE x.indrelid = old AND (SELECT attnum FROM pg_attribute WHERE attrelid = old AND attname = key)
+                                        = ANY (x.indkey::int2[]) LOOP
+        EXECUTE format('ALTER TABLE %I.%I ADD CONSTRAINT %I %s', schema, tbl, tbl || '_pkey', i.def);
+    END LOOP;
+    FOR i IN SELECT c.relname, pg_get_indexdef(x.indexrelid) AS def FROM pg_index x
+             JOIN pg_class c ON c.oid = x.indexrelid
+             WHERE x.indrelid = old AND NOT x.indisprimary LOOP
+        def := regexp_replace(i.def, '^CREATE (UNIQUE )?INDEX \S+ ON \S+ ',
+                              format('CREATE \1INDEX %I ON %I.%I ', tbl || substring(i.relname FROM length(part) + 1),
+                                     schema, tbl));
+        EXECUTE def;
+    END LOOP;
+    EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %s DEFAULT', schema, tbl, old);
+    EXECUTE format('ALTER TABLE %I.%I OWNER TO %I', schema, tbl,
+                   (SELECT relowner::regrole::name FROM pg_class WHERE oid = old));
+    PERFORM pgmb.copy_table_grants(old, format('%I.%I', schema, tbl)::regclass);
+    FOREACH def IN ARRAY statistics LOOP
+        EXECUTE def;
+    END LOOP;
+    FOREACH def IN ARRAY triggers LOOP
+        EXECUTE def;
+    END LOOP;
+    FOREACH def IN ARRAY views LOOP
+        EXECUTE def;
+    END LOOP;
+    -- A function of the old row type now takes the default partition's: made again for
+    -- the table's, with the old one's grants, and the old one dropped.
+    FOR i IN SELECT p.oid, p.proname, p.pronamespace, p.proacl FROM pg_proc p
+             WHERE (SELECT reltype FROM pg_class WHERE oid = old) = ANY (p.proargtypes::oid[]) LOOP
+        def := pg_get_functiondef(i.oid);
+        EXECUTE format('DROP FUNCTION %s', i.oid::regprocedure);
+        EXECUTE replace(def, part, tbl);
+        SELECT p.oid INTO i.oid FROM pg_proc p
+        WHERE p.proname = i.proname AND p.pronamespace = i.pronamespace
+          AND (SELECT reltype FROM pg_class WHERE relname = tbl AND relnamespace = schema::regnamespace)
+              = ANY (p.proargtypes::oid[]);
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', i.oid::regprocedure);
+        FOR g IN SELECT a.grantee FROM aclexplode(i.proacl) a
+                 WHERE a.grantee <> (SELECT proowner FROM pg_proc WHERE oid = i.oid) LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', i.oid::regprocedure,
+                           CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(g.grantee::regrole::text) END);
+        END LOOP;
+    END LOOP;
+END $$;
+
+-- The day partitions there are: each table's, its day and bounds, oldest first.
+CREATE OR REPLACE FUNCTION pgmb.history_days()
+RETURNS TABLE (parent name, partition name, day date, low uuid, high uuid)
+LANGUAGE sql STABLE
+AS $$
+    SELECT h.parent, c.relname, to_date(right(c.relname, 8), 'YYYYMMDD'),
+           pgmb.day_floor(to_date(right(c.relname, 8), 'YYYYMMDD')),
+           pgmb.day_floor(to_date(right(c.relname, 8), 'YYYYMMDD') + 1)
+    FROM pgmb.history_tables() h
+    JOIN pg_inherits i ON i.inhparent = h.parent::regclass
+    JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE c.relname ~ '_p[0-9]{8}$'
+    ORDER BY 3, 1
+$$;
+
+-- Makes the day partitions of today and the `days` days after it (UTC) that do not exist
+-- yet; returns how many tables it made. A day of which the default partition already
+-- holds a row (ids that producers gave, or an upgraded database's today) is left out: its
+-- messages stay in the default partition. Attaching takes SHARE UPDATE EXCLUSIVE on the
+-- parent, so publishing goes on, and scans the default partition under its own lock
+-- (small unless it holds an upgraded database's old rows). A day that a concurrent
+-- publish puts a row of into the default partition meanwhile is left for the next run.
+CREATE OR REPLACE FUNCTION pgmb.premake_history(days integer DEFAULT 3) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    today date := (now() AT TIME ZONE 'UTC')::date;
+    d date;
+    h record;
+    part name;
+    taken boolean;
+    made integer := 0;
+BEGIN
+    IF days IS NULL OR days < 0 THEN
+        RAISE EXCEPTION 'invalid days %: it must be 0 or more', days USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR d IN SELECT g::date FROM generate_series(today, today + days, interval '1 day') AS g LOOP
+        FOR h IN SELECT * FROM pgmb.history_tables() LOOP
+            part := format('%s_p%s', h.parent, to_char(d, 'YYYYMMDD'));
+            CONTINUE WHEN to_regclass(quote_ident(part)) IS NOT NULL;
+            EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE %I >= $1 AND %I < $2)',
+                           h.parent || '_default', h.key, h.key)
+                INTO taken USING pgmb.day_floor(d), pgmb.day_floor(d + 1);
+            CONTINUE WHEN taken;
+            BEGIN
+                EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
+                               part, h.parent);
+                PERFORM pgmb.copy_table_grants(h.parent::regclass, part::regclass);
+                EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                               h.parent, part, pgmb.day_floor(d), pgmb.day_floor(d + 1));
+                made := made + 1;
+            EXCEPTION WHEN check_violation THEN
+                NULL;  -- a row of that day reached the default partition meanwhile
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN made;
+END $$;
+
+-- Retention: the day partitions whose day ended before now() - older_than, oldest
+-- first. A day with no unfinished message (a live delivery or a dead letter) is dropped,
+-- both its tables; a day with some is emptied of the rest (TRUNCATE) and keeps those
+-- messages and their attempts, and is dropped by a later run once they are finished.
+-- The default partition is never touched: its rows leave as the archive job deletes
+-- them. Returns each day retired, the messages and attempts it dropped, and the messages
+-- kept.
+CREATE OR REPLACE FUNCTION pgmb.retire_history(older_than interval)
+RETURNS TABLE (day date, messages bigint, attempts bigint, kept bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d record;
+    keep uuid[];
+    message_part name;
+    attempt_part name;
+BEGIN
+    IF older_than IS NULL OR older_than < interval '0' THEN
+        RAISE EXCEPTION 'invalid age %: it must be 0 or more', older_than USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR d IN SELECT DISTINCT h.day, h.low, h.high FROM pgmb.history_days() h
+             WHERE (h.day + 1)::timestamp AT TIME ZONE 'UTC' <= now() - older_than
+             ORDER BY h.day LOOP
+        message_part := format('pgmb_message_p%s', to_char(d.day, 'YYYYMMDD'));
+        attempt_part := format('pgmb_attempt_p%s', to_char(d.day, 'YYYYMMDD'));
+        keep := ARRAY(SELECT x.message_id FROM pgmb_delivery x WHERE x.message_id >= d.low AND x.message_id < d.high
+                      UNION
+                      SELECT x.message_id FROM pgmb_dead_letter x WHERE x.message_id >= d.low AND x.message_id < d.high);
+        day := d.day;
+        kept := cardinality(keep);
+        EXECUTE format('SELECT count(*) FROM %I', message_part) INTO messages;
+        EXECUTE format('SELECT count(*) FROM %I', attempt_part) INTO attempts;
+        messages := messages - kept;
+        IF kept = 0 THEN
+            EXECUTE format('DROP TABLE %I, %I', message_part, attempt_part);
+        ELSE
+            -- The kept rows go back into their own day's tables, as they were: not through
+            -- the parent, whose triggers would route and check them again.
+            CREATE TEMP TABLE pgmb_kept_messages ON COMMIT DROP AS SELECT * FROM pgmb_message WHERE false;
+            CREATE TEMP TABLE pgmb_kept_attempts ON COMMIT DROP AS SELECT * FROM pgmb_attempt WHERE false;
+            EXECUTE format('INSERT INTO pgmb_kept_messages SELECT * FROM %I WHERE id = ANY ($1)', message_part) USING keep;
+            EXECUTE format('INSERT INTO pgmb_kept_attempts SELECT * FROM %I WHERE message_id = ANY ($1)', attempt_part)
+                USING keep;
+            GET DIAGNOSTICS attempts = ROW_COUNT;
+            EXECUTE format('SELECT count(*) FROM %I', attempt_part) INTO attempts;
+            attempts := attempts - (SELECT count(*) FROM pgmb_kept_attempts);
+            EXECUTE format('TRUNCATE %I, %I', message_part, attempt_part);
+            EXECUTE format('ALTER TABLE %I DISABLE TRIGGER USER', message_part);
+            EXECUTE format('INSERT INTO %I SELECT * FROM pgmb_kept_messages', message_part);
+            EXECUTE format('ALTER TABLE %I ENABLE TRIGGER USER', message_part);
+            EXECUTE format('INSERT INTO %I SELECT * FROM pgmb_kept_attempts', attempt_part);
+            DROP TABLE pgmb_kept_messages, pgmb_kept_attempts;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+SELECT pgmb.partition_history_table(h.parent, h.key) FROM pgmb.history_tables() h;
+-- The first days, while the migration's locks are held, only where the old tables are
+-- small: making a day scans the default partition (0.5 s a million rows on the machine of
+-- docs/benchmarks.md). A bigger database gets its days from the first housekeeping
+-- (pgmb.premake_history) and publishes into the old table until then.
+SELECT pgmb.premake_history(3)
+WHERE (SELECT sum(greatest(c.reltuples, 0)) FROM pg_class c
+       WHERE c.relname IN ('pgmb_message_default', 'pgmb_attempt_default')) < 100000;
+
+-- A dispatcher found nothing to claim and is about to wait: mark it waiting. True once no
+-- message insert is in flight, after which every publisher sees the mark; false if one
+-- is (the caller claims again shortly and calls this again before it sleeps for long).
+CREATE OR REPLACE FUNCTION pgmb.dispatcher_idle(dispatcher_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pgmb_dispatcher d SET waiting = true WHERE d.id = dispatcher_id AND d.waiting IS NOT true;
+    BEGIN
+        -- The parent only: every publish takes it, and its partitions would each cost a lock.
+        LOCK TABLE ONLY pgmb_message IN SHARE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;
+
+-- Closed, as every function of pgmb's but the reviewed list (access.sql).
+REVOKE EXECUTE ON FUNCTION
+    pgmb.day_floor(date),
+    pgmb.copy_table_grants(regclass, regclass),
+    pgmb.history_tables(),
+    pgmb.partition_history_table(name, name),
+    pgmb.history_days(),
+    pgmb.premake_history(integer),
+    pgmb.retire_history(interval)
+FROM PUBLIC;

@@ -76,7 +76,8 @@ LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE pgmb_dispatcher d SET waiting = true WHERE d.id = dispatcher_id AND d.waiting IS NOT true;
     BEGIN
-        LOCK TABLE pgmb_message IN SHARE MODE NOWAIT;
+        -- The parent only: every publish takes it, and its partitions would each cost a lock.
+        LOCK TABLE ONLY pgmb_message IN SHARE MODE NOWAIT;
     EXCEPTION WHEN lock_not_available THEN
         RETURN false;
     END;

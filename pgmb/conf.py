@@ -20,6 +20,7 @@ from .archive_age import DEFAULT_OLDER_THAN_DAYS, days_problem
 #: pgmb.housekeeping.Thresholds (a call that passes no thresholds).
 DEFAULT_MIN_INDEX_BYTES = 1024 * 1024
 DEFAULT_BLOAT_FACTOR = 4.0
+DEFAULT_HISTORY_PREMAKE_DAYS = 3
 
 #: Networks no endpoint may reach unless ENDPOINT_POLICY allows them: link-local, where a
 #: cloud's metadata service answers (169.254.169.254).
@@ -98,6 +99,13 @@ class Settings:
     #: Days after which `manage.py pgmb_pipeline archive` archives a finished message when
     #: no --older-than is given (fractions allowed; 0: every finished message).
     PIPELINE_ARCHIVE_OLDER_THAN_DAYS: float = DEFAULT_OLDER_THAN_DAYS
+    #: The history's days made ahead, after today (pgmb.history.premake_call; the SQL
+    #: default of pgmb.premake_history, which pg_cron's pgmb.maintenance() uses, is the same).
+    HISTORY_PREMAKE_DAYS: int = DEFAULT_HISTORY_PREMAKE_DAYS
+    #: Days after which `manage.py pgmb_history retire` drops a day of history (its
+    #: finished messages and their attempts) when no --older-than is given; None: the
+    #: command needs --older-than (history is kept until asked).
+    HISTORY_RETENTION_DAYS: float | None = None
     #: Housekeeping of pgmb_delivery's indexes (pgmb.housekeeping): the external
     #: dispatcher looks, once it has drained work, at most once per this many seconds
     #: (0: never; ``manage.py pgmb_housekeeping`` still does). An index is rebuilt when it
@@ -131,6 +139,7 @@ _ACCEPTS: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "int": (int,),
     "float": (int, float),
+    "float | None": (int, float, type(None)),
     "dict": (dict,),
 }
 _KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(Settings)}
@@ -197,6 +206,14 @@ def errors(raw: Any) -> list[str]:
     days = raw.get("PIPELINE_ARCHIVE_OLDER_THAN_DAYS", DEFAULT_OLDER_THAN_DAYS)
     if not problems and days_problem(days):
         problems.append(f"PGMB['PIPELINE_ARCHIVE_OLDER_THAN_DAYS'] {days_problem(days)}")
+    premake = raw.get("HISTORY_PREMAKE_DAYS", DEFAULT_HISTORY_PREMAKE_DAYS)
+    if not problems and (
+        isinstance(premake, bool) or not isinstance(premake, int) or not 0 <= premake <= 366
+    ):
+        problems.append("PGMB['HISTORY_PREMAKE_DAYS'] must be a whole number from 0 to 366")
+    retention = raw.get("HISTORY_RETENTION_DAYS")
+    if not problems and retention is not None and days_problem(retention):
+        problems.append(f"PGMB['HISTORY_RETENTION_DAYS'] {days_problem(retention)}")
     token = raw.get("METRICS_TOKEN", "")
     if (
         not problems

@@ -19,7 +19,8 @@ it, with ``lock_timeout``, on a server connection its other clients get.
 
 Each run also removes the worker secrets whose retirement has expired
 (``pgmb.forget_expired_secrets()``; docs/decisions/0038-secret-rotation.md), which sign
-nothing any more: the pg_cron path does it in ``pgmb.maintenance()``.
+nothing any more, and makes the history's days ahead (:mod:`pgmb.history`): the pg_cron
+path does both in ``pgmb.maintenance()``.
 
 Who calls it: the external dispatcher once it has drained work (at most once per
 ``PGMB['HOUSEKEEPING_INTERVAL']`` seconds), and ``manage.py pgmb_housekeeping``.
@@ -50,6 +51,7 @@ from .db.conninfo import conninfo_from_django, direct_conninfo
 from .db.error_text import first_line
 from .db.pooler import AsyncPoolerAwareConnection, aconnect
 from .db.statements import arun as arun_call
+from .history import premake_call
 from .worker_secrets import forget_expired_call
 
 #: Bytes of index that one live delivery may need: the widest entry (pgmb_delivery_due,
@@ -138,6 +140,9 @@ class Report:
     expired_secrets: int = 0
     #: Why they could not be removed (the server's first line), if so.
     secrets_error: str = ""
+    #: Day partitions of the history made ahead (pgmb.history.premake_call), and why not.
+    history_days_made: int = 0
+    history_error: str = ""
 
     @property
     def failed(self) -> list[Step]:
@@ -156,6 +161,10 @@ class Report:
             text += f"; removed {self.expired_secrets} expired retiring secret(s)"
         if self.secrets_error:
             text += f"; expired retiring secrets not removed: error={self.secrets_error!r}"
+        if self.history_days_made:
+            text += f"; made {self.history_days_made} history partition(s) ahead"
+        if self.history_error:
+            text += f"; history partitions not made: error={self.history_error!r}"
         return text
 
 
@@ -189,8 +198,23 @@ async def ahousekeep(
         if not held:
             return Report(ran=False)
         expired, error = (0, "") if dry_run else await _forget_expired_secrets(conn)
+        made, history_error = (0, "") if dry_run else await _premake_history(conn)
         report = await _look(conn, thresholds, dry_run)
-        return replace(report, expired_secrets=expired, secrets_error=error)
+        return replace(
+            report,
+            expired_secrets=expired,
+            secrets_error=error,
+            history_days_made=made,
+            history_error=history_error,
+        )
+
+
+async def _premake_history(conn: psycopg.AsyncConnection[Any]) -> tuple[int, str]:
+    """The history's days ahead (pgmb.history): how many tables were made, or why not."""
+    try:
+        return await arun_call(conn, premake_call()), ""
+    except psycopg.Error as exc:
+        return 0, first_line(exc)
 
 
 async def _forget_expired_secrets(conn: psycopg.AsyncConnection[Any]) -> tuple[int, str]:

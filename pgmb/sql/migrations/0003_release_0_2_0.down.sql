@@ -600,6 +600,23 @@ DROP FUNCTION
 
 -- ==== History partitioned by time ====
 
+-- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, the rows
+-- of dispatchers stopped or gone for longer than `keep`, and expired retiring secrets.
+CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    reclaimed integer := pgmb.reclaim_expired(10000);
+BEGIN
+    IF to_regclass('cron.job_run_details') IS NOT NULL THEN
+        EXECUTE 'DELETE FROM cron.job_run_details WHERE end_time < now() - $1' USING keep;
+    END IF;
+    DELETE FROM pgmb_dispatcher d
+    WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
+      AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
+    PERFORM pgmb.forget_expired_secrets();
+    RETURN reclaimed;
+END $$;
+
 -- Each history table back to one plain table: the day partitions' rows go into the
 -- default partition (the table as it was before), which takes the table's name, indexes,
 -- triggers, statistics, grants and views back; then the functions of this section go.
@@ -682,6 +699,7 @@ END $$;
 SELECT pg_temp.unpartition_history_table('pgmb_message');
 SELECT pg_temp.unpartition_history_table('pgmb_attempt');
 DROP FUNCTION pgmb.retire_history(interval), pgmb.premake_history(integer), pgmb.history_days(),
+    pgmb.make_history_day(date),
     pgmb.partition_history_table(name, name), pgmb.history_tables(), pgmb.day_floor(date),
     pgmb.copy_table_grants(regclass, regclass);
 

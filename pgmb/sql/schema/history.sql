@@ -154,47 +154,62 @@ AS $$
     ORDER BY 3, 1
 $$;
 
--- Makes the day partitions of today and the `days` days after it (UTC) that do not exist
+-- Makes the day partitions of one UTC day, for each history table that has none for it
 -- yet; returns how many tables it made. A day of which the default partition already
 -- holds a row (ids that producers gave, or an upgraded database's today) is left out: its
 -- messages stay in the default partition. Attaching takes SHARE UPDATE EXCLUSIVE on the
 -- parent, so publishing goes on, and scans the default partition under its own lock
--- (small unless it holds an upgraded database's old rows). A day that a concurrent
--- publish puts a row of into the default partition meanwhile is left for the next run.
-CREATE OR REPLACE FUNCTION pgmb.premake_history(days integer DEFAULT 3) RETURNS integer
+-- (small unless it holds an upgraded database's old rows, or a CHECK on it leaves the day
+-- out: pgmb.history.premake). A day that a concurrent publish puts a row of into the
+-- default partition meanwhile is left for the next run.
+CREATE OR REPLACE FUNCTION pgmb.make_history_day(day date) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    today date := (now() AT TIME ZONE 'UTC')::date;
-    d date;
     h record;
     part name;
     taken boolean;
     made integer := 0;
 BEGIN
+    -- Both tables or neither: a message's attempts go where it goes.
+    FOR h IN SELECT * FROM pgmb.history_tables() LOOP
+        EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE %I >= $1 AND %I < $2)',
+                       h.parent || '_default', h.key, h.key)
+            INTO taken USING pgmb.day_floor(day), pgmb.day_floor(day + 1);
+        IF taken THEN
+            RETURN 0;
+        END IF;
+    END LOOP;
+    FOR h IN SELECT * FROM pgmb.history_tables() LOOP
+        part := format('%s_p%s', h.parent, to_char(day, 'YYYYMMDD'));
+        CONTINUE WHEN to_regclass(quote_ident(part)) IS NOT NULL;
+        BEGIN
+            EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
+                           part, h.parent);
+            PERFORM pgmb.copy_table_grants(h.parent::regclass, part::regclass);
+            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                           h.parent, part, pgmb.day_floor(day), pgmb.day_floor(day + 1));
+            made := made + 1;
+        EXCEPTION WHEN check_violation THEN
+            NULL;  -- a row of that day reached the default partition meanwhile
+        END;
+    END LOOP;
+    RETURN made;
+END $$;
+
+-- Makes the day partitions of today and the `days` days after it (UTC) that do not exist
+-- yet (pgmb.make_history_day); returns how many tables it made. `days` is
+-- PGMB['HISTORY_PREMAKE_DAYS'] (pgmb.conf) when Python calls it, this default otherwise
+-- (pgmb.maintenance, pg_cron; tests/python compares the two).
+CREATE OR REPLACE FUNCTION pgmb.premake_history(days integer DEFAULT 3) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    today date := (now() AT TIME ZONE 'UTC')::date;
+BEGIN
     IF days IS NULL OR days < 0 THEN
         RAISE EXCEPTION 'invalid days %: it must be 0 or more', days USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    FOR d IN SELECT g::date FROM generate_series(today, today + days, interval '1 day') AS g LOOP
-        FOR h IN SELECT * FROM pgmb.history_tables() LOOP
-            part := format('%s_p%s', h.parent, to_char(d, 'YYYYMMDD'));
-            CONTINUE WHEN to_regclass(quote_ident(part)) IS NOT NULL;
-            EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE %I >= $1 AND %I < $2)',
-                           h.parent || '_default', h.key, h.key)
-                INTO taken USING pgmb.day_floor(d), pgmb.day_floor(d + 1);
-            CONTINUE WHEN taken;
-            BEGIN
-                EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
-                               part, h.parent);
-                PERFORM pgmb.copy_table_grants(h.parent::regclass, part::regclass);
-                EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                               h.parent, part, pgmb.day_floor(d), pgmb.day_floor(d + 1));
-                made := made + 1;
-            EXCEPTION WHEN check_violation THEN
-                NULL;  -- a row of that day reached the default partition meanwhile
-            END;
-        END LOOP;
-    END LOOP;
-    RETURN made;
+    RETURN (SELECT sum(pgmb.make_history_day(g::date))::integer
+            FROM generate_series(today, today + days, interval '1 day') AS g);
 END $$;
 
 -- Retention: the day partitions whose day ended before now() - older_than, oldest
@@ -239,7 +254,6 @@ BEGIN
             EXECUTE format('INSERT INTO pgmb_kept_messages SELECT * FROM %I WHERE id = ANY ($1)', message_part) USING keep;
             EXECUTE format('INSERT INTO pgmb_kept_attempts SELECT * FROM %I WHERE message_id = ANY ($1)', attempt_part)
                 USING keep;
-            GET DIAGNOSTICS attempts = ROW_COUNT;
             EXECUTE format('SELECT count(*) FROM %I', attempt_part) INTO attempts;
             attempts := attempts - (SELECT count(*) FROM pgmb_kept_attempts);
             EXECUTE format('TRUNCATE %I, %I', message_part, attempt_part);

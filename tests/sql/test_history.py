@@ -1,0 +1,173 @@
+"""History partitioned by the day of the message id (pgmb/sql/schema/history.sql,
+docs/decisions/0076): where messages and attempts are stored, the days made ahead, and
+retention that drops a day's tables but keeps its unfinished messages."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import DatabaseError
+
+import pgmb
+from pgmb import conf, deliveries, history, ids
+from pgmb.db.statements import run
+from pgmb.deliveries import Failure, Success
+from pgmb.models import Attempt, DeadLetter, Delivery, Message
+
+
+def today() -> date:
+    return datetime.now(UTC).date()
+
+
+def id_of_day(day: date) -> uuid.UUID:
+    """A version 7 id of noon of ``day`` (UTC)."""
+    ms = int(datetime(day.year, day.month, day.day, 12, tzinfo=UTC).timestamp() * 1000)
+    return uuid.UUID(int=(ms << 80) | (ids.uuid7().int & ((1 << 80) - 1)))
+
+
+def stored_in(sql, message_id: uuid.UUID) -> tuple[str, str | None]:
+    """The partitions holding a message and (the first of) its attempts."""
+    [(message, attempt)] = sql(
+        "SELECT (SELECT tableoid::regclass::text FROM pgmb_message WHERE id = %(id)s),"
+        " (SELECT tableoid::regclass::text FROM pgmb_attempt WHERE message_id = %(id)s LIMIT 1)",
+        {"id": message_id},
+    )
+    return message, attempt
+
+
+def days(sql) -> set[tuple[str, date]]:
+    return set(sql("SELECT parent::text, day FROM pgmb.history_days()"))
+
+
+def test_the_days_ahead_exist_for_both_tables(sql):
+    made = {today() + timedelta(days=n) for n in range(conf.get().HISTORY_PREMAKE_DAYS + 1)}
+    assert {(t, d) for t, d in days(sql) if d in made} == {
+        (t, d) for t in ("pgmb_message", "pgmb_attempt") for d in made
+    }
+
+
+def test_the_sql_default_of_the_days_ahead_is_the_settings_default(sql):
+    [(default,)] = sql(
+        "SELECT pg_get_function_arguments('pgmb.premake_history(integer)'::regprocedure)"
+    )
+    assert default == f"days integer DEFAULT {conf.DEFAULT_HISTORY_PREMAKE_DAYS}"
+
+
+def test_a_message_and_its_attempts_are_stored_in_its_day(make_queue, sql):
+    make_queue("order.*")
+    message_id = pgmb.send("order.created", {"n": 1})
+    [claim] = deliveries.claim(None, 10)
+    deliveries.ack([Success(claim.delivery_id, 200, 1.0)])
+    part = f"p{ids_day(message_id):%Y%m%d}"
+    assert stored_in(sql, message_id) == (f"pgmb_message_{part}", f"pgmb_attempt_{part}")
+
+
+def ids_day(message_id: uuid.UUID) -> date:
+    return datetime.fromtimestamp(ids.milliseconds(message_id) / 1000, UTC).date()
+
+
+def test_an_id_with_no_day_is_stored_in_the_default_partition_and_delivered(make_queue, sql):
+    make_queue("order.*")
+    given = uuid.uuid4()
+    far = id_of_day(today() + timedelta(days=400))
+    assert pgmb.send("order.created", {"n": 1}, message_id=given) == given
+    assert pgmb.send("order.created", {"n": 2}, message_id=far) == far
+    claims = deliveries.claim(None, 10)
+    assert {uuid.UUID(str(c.message_id)) for c in claims} == {given, far}
+    deliveries.ack([Success(c.delivery_id, 200, 1.0) for c in claims])
+    for message_id in (given, far):
+        assert stored_in(sql, message_id) == ("pgmb_message_default", "pgmb_attempt_default")
+
+
+def test_a_day_the_default_partition_holds_rows_of_is_not_made(make_queue, sql):
+    make_queue("order.*")
+    later = today() + timedelta(days=20)
+    pgmb.send("order.created", {"n": 1}, message_id=id_of_day(later))
+    [(made,)] = sql("SELECT pgmb.make_history_day(%s)", (later,))
+    assert made == 0
+    assert ("pgmb_message", later) not in days(sql)
+    [(made,)] = sql("SELECT pgmb.make_history_day(%s)", (later + timedelta(days=1),))
+    assert made == 2
+
+
+def test_premake_through_python_makes_the_days_missing(sql):
+    assert run(history.premake_call()) == 0
+    assert run(history.premake_call(conf.get().HISTORY_PREMAKE_DAYS + 2)) == 4
+    assert ("pgmb_attempt", today() + timedelta(days=5)) in days(sql)
+
+
+def old_day_with_messages(make_queue, sql, age_days: int = 10):
+    """A day ``age_days`` ago with four messages: two acked, one live, one dead-lettered."""
+    day = today() - timedelta(days=age_days)
+    [(made,)] = sql("SELECT pgmb.make_history_day(%s)", (day,))
+    assert made == 2
+    make_queue("order.*", max_retries=0)
+    sent = [pgmb.send("order.created", {"n": n}, message_id=id_of_day(day)) for n in range(4)]
+    claims = {uuid.UUID(str(c.message_id)): c for c in deliveries.claim(None, 10)}
+    deliveries.ack([Success(claims[m].delivery_id, 200, 1.0) for m in sent[:2]])
+    deliveries.fail([Failure(claims[sent[3]].delivery_id, claims[sent[3]].lease_id, 500, "down")])
+    # sent[2] stays claimed: a live delivery.
+    assert DeadLetter.objects.filter(message_id=sent[3]).exists()
+    return day, sent
+
+
+def test_retirement_keeps_a_days_unfinished_messages_and_drops_the_rest(make_queue, sql):
+    day, sent = old_day_with_messages(make_queue, sql)
+    today_id = pgmb.send("order.created", {"n": "today"})
+
+    retired = run(history.retire_call(1))
+
+    # Two acked messages and their attempts dropped; the live one and the dead-lettered
+    # one (with its attempt) kept, in their day.
+    assert retired == [history.RetiredDay(day, 2, 2, 2)]
+    assert set(Message.objects.values_list("id", flat=True)) == {sent[2], sent[3], today_id}
+    assert set(Attempt.objects.values_list("message_id", flat=True)) == {sent[3]}
+    part = f"p{day:%Y%m%d}"
+    assert stored_in(sql, sent[3]) == (f"pgmb_message_{part}", f"pgmb_attempt_{part}")
+    # The kept ones go on as before: the live one acked, the dead letter requeued.
+    [live] = Delivery.objects.filter(message_id=sent[2])
+    assert deliveries.ack([Success(live.id, 200, 1.0)]) == 1
+    [dead] = DeadLetter.objects.filter(message_id=sent[3])
+    assert run(deliveries.requeue_call(dead.id)) == 1
+    assert {uuid.UUID(str(c.message_id)) for c in deliveries.claim(None, 10)} == {sent[3], today_id}
+
+
+def test_a_day_with_nothing_left_is_dropped(make_queue, sql):
+    day, sent = old_day_with_messages(make_queue, sql)
+    run(history.retire_call(1))
+    Delivery.objects.filter(message_id=sent[2]).delete()
+    DeadLetter.objects.filter(message_id=sent[3]).delete()
+
+    assert run(history.retire_call(1)) == [history.RetiredDay(day, 2, 1, 0)]
+
+    assert ("pgmb_message", day) not in days(sql)
+    assert ("pgmb_attempt", day) not in days(sql)
+    [(tables,)] = sql("SELECT count(*) FROM pg_class WHERE relname LIKE %s", (f"%p{day:%Y%m%d}",))
+    assert tables == 0
+    assert not Message.objects.filter(id__in=sent).exists()
+
+
+def test_a_day_younger_than_the_age_is_not_retired(make_queue, sql):
+    _, sent = old_day_with_messages(make_queue, sql, age_days=3)
+    assert run(history.retire_call(5)) == []
+    assert Message.objects.filter(id__in=sent).count() == 4
+
+
+def test_retirement_refuses_a_bad_age(sql):
+    with pytest.raises(ValueError, match="retention age"):
+        history.retire_call(-1)
+    with pytest.raises(DatabaseError, match="invalid age"):
+        sql("SELECT * FROM pgmb.retire_history(interval '-1 day')")
+
+
+def test_the_command_premakes_and_retires(make_queue, sql, capsys):
+    day, _ = old_day_with_messages(make_queue, sql)
+    call_command("pgmb_history", "premake", "--days", "6")
+    assert "made 6 history partition(s)" in capsys.readouterr().out
+    call_command("pgmb_history", "retire", "--older-than", "2")
+    assert f"{day.isoformat()}: 2 messages and 2 attempts removed, kept 2" in (
+        capsys.readouterr().out
+    )

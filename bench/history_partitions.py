@@ -19,7 +19,9 @@ A scratch database is migrated, given ``--stored`` finished messages over ``--da
   partition, the day's tables dropped), timed, next to the oldest day of the old table
   deleted by ``DELETE`` (one statement).
 
-Each step's time is printed; nothing is asserted. The SQL is the migration's draft.
+Each step's time is printed; nothing is asserted. The SQL is the migration's draft, and it
+converts plain tables: run it from a checkout of commit 22d8e3e (before the history was
+partitioned); on later trees the migration has converted them already.
 """
 
 from __future__ import annotations

@@ -477,7 +477,13 @@ def test_the_series_read_the_big_tables_through_indexes(
         with connection.cursor() as cursor:
             cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}", params)
             (plan,) = cursor.fetchone()
-        scans = plan_scans_of(plan)
+        # The history tables are partitioned by day (decision 0076): a scan of a partition,
+        # or of a partition's index, counts as one of the table's or the index's.
+        scans = [
+            (kind, partitioned(sql, name))
+            for kind, name in plan_scans_of(plan)
+            if not (kind == "Seq Scan" and empty_partition(sql, name))
+        ]
         assert ("Seq Scan", "pgmb_message") not in scans, scans
         assert ("Seq Scan", "pgmb_attempt") not in scans, scans
         assert "pgmb_message_created" in {index for _, index in scans}
@@ -486,6 +492,28 @@ def test_the_series_read_the_big_tables_through_indexes(
     points = dashboard_series.series()
     assert 400 < sum(p.delivered + p.failed for p in points) < 500
     assert sum(p.unrouted for p in points) == 0
+
+
+def partitioned(sql, name: str | None) -> str | None:
+    """The partitioned table or index that ``name`` is a partition of, else ``name``."""
+    if name is None:
+        return None
+    [(parent,)] = sql(
+        "SELECT coalesce((SELECT i.inhparent::regclass::text FROM pg_inherits i"
+        " WHERE i.inhrelid = to_regclass(%s)), %s)",
+        (name, name),
+    )
+    return parent
+
+
+def empty_partition(sql, name: str | None) -> bool:
+    """Whether ``name`` is a partition with no rows (a day ahead): its Seq Scan reads nothing."""
+    [(empty,)] = sql(
+        "SELECT coalesce((SELECT c.relispartition AND c.relpages = 0 AND c.reltuples <= 0"
+        " FROM pg_class c WHERE c.oid = to_regclass(%s)), false)",
+        (name,),
+    )
+    return bool(empty)
 
 
 def plan_scans_of(plan) -> list[tuple[str, str | None]]:

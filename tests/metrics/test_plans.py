@@ -62,7 +62,29 @@ def plan_nodes(sql, statement: str) -> list[dict]:
         node = todo.pop()
         nodes.append(node)
         todo.extend(node.get("Plans", []))
-    return nodes
+    # The history tables are partitioned by day (decision 0076): a scan of a partition, or
+    # of a partition's index, is named here after the table or index it is a partition of.
+    names = [n[key] for n in nodes for key in ("Relation Name", "Index Name") if n.get(key)]
+    # An empty partition (a day ahead) is read by a Seq Scan of nothing: left out.
+    partitions = {
+        name: (parent, empty)
+        for name, parent, empty in sql(
+            "SELECT i.inhrelid::regclass::text, i.inhparent::regclass::text,"
+            " c.relpages = 0 AND c.reltuples <= 0"
+            " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhrelid::regclass::text = ANY (%s)",
+            (names,),
+        )
+    }
+    kept = []
+    for n in nodes:
+        if n["Node Type"] == "Seq Scan" and partitions.get(n.get("Relation Name"), ("", False))[1]:
+            continue
+        for key in ("Relation Name", "Index Name"):
+            if n.get(key) in partitions:
+                n[key] = partitions[n[key]][0]
+        kept.append(n)
+    return kept
 
 
 def scans(nodes: list[dict], table: str) -> list[tuple[str, str | None]]:

@@ -31,14 +31,16 @@ class RetiredDay:
     """One day retired by :func:`retire_call`."""
 
     day: date
-    #: Messages and attempts dropped with it.
-    messages: int
-    attempts: int
+    #: Messages and attempts removed with it (None: not counted).
+    messages: int | None
+    attempts: int | None
     #: Unfinished messages it keeps (0: the day's tables were dropped).
     kept: int
 
     def describe(self) -> str:
         done = "dropped" if not self.kept else f"kept {self.kept:,} unfinished message(s)"
+        if self.messages is None or self.attempts is None:
+            return f"{self.day.isoformat()}: {done}"
         return (
             f"{self.day.isoformat()}: {self.messages:,} messages and {self.attempts:,} "
             f"attempts removed, {done}"
@@ -57,13 +59,14 @@ def _retired(names: list[str], rows: list[tuple[Any, ...]]) -> list[RetiredDay]:
     return [RetiredDay(*row) for row in rows]
 
 
-def retire_call(older_than_days: float) -> Call[list[RetiredDay]]:
-    """Retires the days that ended more than ``older_than_days`` ago."""
+def retire_call(older_than_days: float, *, count: bool = True) -> Call[list[RetiredDay]]:
+    """Retires the days that ended more than ``older_than_days`` ago, counting what each
+    removes if ``count`` (which reads the day's tables: a second or so a million rows)."""
     problem = days_problem(older_than_days)
     if problem:
         raise ValueError(f"retention age {problem}")
     return Call(
         sql.query("history.sql", "retire"),
-        {"seconds": float(older_than_days) * SECONDS_A_DAY},
+        {"seconds": float(older_than_days) * SECONDS_A_DAY, "count": count},
         _retired,
     )

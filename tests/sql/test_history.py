@@ -141,7 +141,8 @@ def test_a_day_with_nothing_left_is_dropped(make_queue, sql):
     Delivery.objects.filter(message_id=sent[2]).delete()
     DeadLetter.objects.filter(message_id=sent[3]).delete()
 
-    assert run(history.retire_call(1)) == [history.RetiredDay(day, 2, 1, 0)]
+    # Not counted: the day's tables are dropped unread.
+    assert run(history.retire_call(1, count=False)) == [history.RetiredDay(day, None, None, 0)]
 
     assert ("pgmb_message", day) not in days(sql)
     assert ("pgmb_attempt", day) not in days(sql)

@@ -698,7 +698,7 @@ END $$;
 -- made again, they name the plain table.
 SELECT pg_temp.unpartition_history_table('pgmb_message');
 SELECT pg_temp.unpartition_history_table('pgmb_attempt');
-DROP FUNCTION pgmb.retire_history(interval), pgmb.premake_history(integer), pgmb.history_days(),
+DROP FUNCTION pgmb.retire_history(interval, boolean), pgmb.premake_history(integer), pgmb.history_days(),
     pgmb.make_history_day(date),
     pgmb.partition_history_table(name, name), pgmb.history_tables(), pgmb.day_floor(date),
     pgmb.copy_table_grants(regclass, regclass);

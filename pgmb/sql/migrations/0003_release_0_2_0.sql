@@ -1257,9 +1257,10 @@ END $$;
 -- both its tables; a day with some is emptied of the rest (TRUNCATE) and keeps those
 -- messages and their attempts, and is dropped by a later run once they are finished.
 -- The default partition is never touched: its rows leave as the archive job deletes
--- them. Returns each day retired, the messages and attempts it dropped, and the messages
--- kept.
-CREATE OR REPLACE FUNCTION pgmb.retire_history(older_than interval)
+-- them. Returns each day retired, the messages and attempts it removed (counted only if
+-- `count_rows`: a count reads the day's tables, which dropping them does not), and the
+-- messages kept.
+CREATE OR REPLACE FUNCTION pgmb.retire_history(older_than interval, count_rows boolean DEFAULT false)
 RETURNS TABLE (day date, messages bigint, attempts bigint, kept bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1267,6 +1268,7 @@ DECLARE
     keep uuid[];
     message_part name;
     attempt_part name;
+    kept_attempts bigint;
 BEGIN
     IF older_than IS NULL OR older_than < interval '0' THEN
         RAISE EXCEPTION 'invalid age %: it must be 0 or more', older_than USING ERRCODE = 'invalid_parameter_value';
@@ -1281,9 +1283,12 @@ BEGIN
                       SELECT x.message_id FROM pgmb_dead_letter x WHERE x.message_id >= d.low AND x.message_id < d.high);
         day := d.day;
         kept := cardinality(keep);
-        EXECUTE format('SELECT count(*) FROM %I', message_part) INTO messages;
-        EXECUTE format('SELECT count(*) FROM %I', attempt_part) INTO attempts;
-        messages := messages - kept;
+        messages := NULL;
+        attempts := NULL;
+        IF count_rows THEN
+            EXECUTE format('SELECT count(*) FROM %I', message_part) INTO messages;
+            EXECUTE format('SELECT count(*) FROM %I', attempt_part) INTO attempts;
+        END IF;
         IF kept = 0 THEN
             EXECUTE format('DROP TABLE %I, %I', message_part, attempt_part);
         ELSE
@@ -1294,8 +1299,9 @@ BEGIN
             EXECUTE format('INSERT INTO pgmb_kept_messages SELECT * FROM %I WHERE id = ANY ($1)', message_part) USING keep;
             EXECUTE format('INSERT INTO pgmb_kept_attempts SELECT * FROM %I WHERE message_id = ANY ($1)', attempt_part)
                 USING keep;
-            EXECUTE format('SELECT count(*) FROM %I', attempt_part) INTO attempts;
-            attempts := attempts - (SELECT count(*) FROM pgmb_kept_attempts);
+            GET DIAGNOSTICS kept_attempts = ROW_COUNT;
+            messages := messages - kept;
+            attempts := attempts - kept_attempts;
             EXECUTE format('TRUNCATE %I, %I', message_part, attempt_part);
             EXECUTE format('ALTER TABLE %I DISABLE TRIGGER USER', message_part);
             EXECUTE format('INSERT INTO %I SELECT * FROM pgmb_kept_messages', message_part);
@@ -1358,5 +1364,5 @@ REVOKE EXECUTE ON FUNCTION
     pgmb.history_days(),
     pgmb.make_history_day(date),
     pgmb.premake_history(integer),
-    pgmb.retire_history(interval)
+    pgmb.retire_history(interval, boolean)
 FROM PUBLIC;

@@ -6,7 +6,7 @@
 SELECT pgmb.premake_history(%(days)s)
 
 -- name: retire
--- The days older than the age retired: each day, its messages and attempts dropped, and
--- the unfinished messages it keeps.
+-- The days older than the age retired: each day, its messages and attempts removed
+-- (counted if asked, else NULL), and the unfinished messages it keeps.
 SELECT day, messages, attempts, kept
-FROM pgmb.retire_history(make_interval(secs => %(seconds)s))
+FROM pgmb.retire_history(make_interval(secs => %(seconds)s), %(count)s)

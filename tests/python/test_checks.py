@@ -38,6 +38,12 @@ def test_defaults_are_typed():
         ({"HOUSEKEEPING_MIN_INDEX_BYTES": "8MB"}, "must be int"),
         ({"HOUSEKEEPING_BLOAT_FACTOR": 1}, "must be more than 1"),
         ({"HOUSEKEEPING_BLOAT_FACTOR": 0.5}, "must be more than 1"),
+        ({"HISTORY_PREMAKE_DAYS": -1}, "must not be negative"),
+        ({"HISTORY_PREMAKE_DAYS": 400}, "whole number from 0 to 366"),
+        ({"HISTORY_PREMAKE_DAYS": 2.5}, "must be int"),
+        ({"HISTORY_RETENTION_DAYS": -1}, "must not be negative"),
+        ({"HISTORY_RETENTION_DAYS": float("nan")}, "must be a number of days, 0 or more"),
+        ({"HISTORY_RETENTION_DAYS": "30"}, "must be float"),
         ({"NOPE": 1}, "not a pgmb setting"),
         ({"JSON_ENCODER": "no.such.Encoder"}, "cannot be imported"),
         ([], "must be a dict"),
@@ -50,6 +56,13 @@ def test_bad_settings_are_reported(raw, text):
         assert text in problems[0].msg
         with pytest.raises(Exception, match=text):
             conf.get()
+
+
+def test_history_settings_are_read():
+    with override_settings(PGMB={"HISTORY_PREMAKE_DAYS": 7, "HISTORY_RETENTION_DAYS": 30}):
+        assert check_settings() == []
+        assert (conf.get().HISTORY_PREMAKE_DAYS, conf.get().HISTORY_RETENTION_DAYS) == (7, 30)
+    assert conf.get().HISTORY_RETENTION_DAYS is None
 
 
 def test_good_settings_pass_and_are_read():

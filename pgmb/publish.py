@@ -8,6 +8,7 @@ Routing happens in the database, by the statement-level trigger on ``pgmb_messag
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -99,9 +100,14 @@ def _message_id(message_id: uuid.UUID | str | None) -> uuid.UUID:
         raise InvalidBody(f"message id {message_id!r} is not a UUID") from exc
 
 
+#: The message table's key as a unique violation names it: the index of the partition the
+#: id went to (its day's, or the default partition's; docs/decisions/0076), or the parent's.
+_MESSAGE_KEY = re.compile(r"pgmb_message(?:_default|_p[0-9]{8})?_pkey")
+
+
 def _duplicate(exc: IntegrityError) -> DuplicateMessage | UnknownDependency | None:
     diag = getattr(exc.__cause__, "diag", None)
-    if diag is not None and diag.constraint_name == "pgmb_message_pkey":
+    if diag is not None and _MESSAGE_KEY.fullmatch(diag.constraint_name or ""):
         return DuplicateMessage(f"a message with this id already exists: {diag.message_detail}")
     if (
         diag is not None

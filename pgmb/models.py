@@ -106,8 +106,16 @@ def timeout_within_lease(timeout: float, lease: float) -> bool:
     return timeout < lease
 
 
-def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
-    return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
+def _trigger(name: str, body: str | None = None, **kwargs: Any) -> pgtrigger.Trigger:
+    """A trigger whose function body is the query ``body`` (default: ``name``) of
+    triggers.sql."""
+    return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", body or name), **kwargs)
+
+
+#: Whether an UPDATE changed a row in more than ``columns``, as a trigger's WHEN.
+def _changed_besides(*columns: str) -> str:
+    left_out = "'{" + ",".join(columns) + "}'::text[]"
+    return f"((to_jsonb(OLD) - {left_out}) IS DISTINCT FROM (to_jsonb(NEW) - {left_out}))"
 
 
 def _times_outside(*columns: str) -> str:
@@ -306,10 +314,16 @@ class Worker(models.Model):
             ("test_worker", "Can send a test request to workers"),
         ]
         triggers = [
+            _trigger("worker_validate", when=pgtrigger.Before, operation=pgtrigger.Insert),
+            # The same rules for an UPDATE, unless it changed only the token bucket: every
+            # claim refills it (pgmb.claim), and the rules would cost each claim more than
+            # the rest of its worker's part.
             _trigger(
+                "worker_validate_update",
                 "worker_validate",
                 when=pgtrigger.Before,
-                operation=pgtrigger.Insert | pgtrigger.Update,
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Condition(_changed_besides("tokens", "tokens_at")),
             ),
             # Rotation for every writer (admin, ORM, SQL): a replaced secret keeps signing
             # until it expires (WorkerSecret). Only an UPDATE that changes the secret gets

@@ -1,3 +1,5 @@
+import pgtrigger.compiler
+import pgtrigger.migrations
 from django.db import migrations, models
 
 from pgmb.sql.operations import LockTables, RunMigrationSQL, RunPlpythonSQL
@@ -18,6 +20,7 @@ class Migration(migrations.Migration):
         # together, never one while waiting for another (LockTables, CONTRIBUTING.md).
         LockTables(
             "pgmb_queue",
+            "pgmb_worker",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
         # With its default a constant, adding the column writes no row, and 0.1.1's
@@ -37,4 +40,43 @@ class Migration(migrations.Migration):
         ),
         RunMigrationSQL("0003_release_0_2_0"),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),
+        # A claim's refill of the token bucket runs no worker rules
+        # (docs/decisions/0078-a-claim-plans-once-and-pays-no-worker-rules.md): the BEFORE
+        # INSERT OR UPDATE trigger becomes one for INSERT and one for an UPDATE that changed
+        # more than the bucket, both running the same rules. After the SQL, so that
+        # migrating back drops these triggers before the .down.sql drops the function
+        # django-pgtrigger leaves behind.
+        pgtrigger.migrations.RemoveTrigger(model_name="worker", name="worker_validate"),
+        pgtrigger.migrations.AddTrigger(
+            model_name="worker",
+            trigger=pgtrigger.compiler.Trigger(
+                name="worker_validate",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RETURN pgmb.prepare_worker(NEW);",
+                    hash="52b102380049e28c3efdfde410b408e06da5d4ce",
+                    operation="INSERT",
+                    pgid="pgtrigger_worker_validate_2c011",
+                    table="pgmb_worker",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="worker",
+            trigger=pgtrigger.compiler.Trigger(
+                name="worker_validate_update",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition=(
+                        "WHEN ((to_jsonb(OLD) - '{tokens,tokens_at}'::text[]) IS DISTINCT FROM"
+                        " (to_jsonb(NEW) - '{tokens,tokens_at}'::text[]))"
+                    ),
+                    func="RETURN pgmb.prepare_worker(NEW);",
+                    hash="7efc959d2aa721e4ec14792a4d01a5625cdf4a43",
+                    operation="UPDATE",
+                    pgid="pgtrigger_worker_validate_update_3bb89",
+                    table="pgmb_worker",
+                    when="BEFORE",
+                ),
+            ),
+        ),
     ]

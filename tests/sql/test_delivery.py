@@ -8,7 +8,7 @@ import uuid
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DataError, connection, transaction
 
 import pgmb
 from pgmb import deliveries
@@ -74,6 +74,34 @@ def test_claim_respects_queue_names_pause_and_inactive_workers(make_worker, make
     assert {r.queue for r in claim(["qb", "qc", "qd"])} == {b.name}
     assert {r.queue for r in claim()} == {a.name}
     assert paused.deliveries.get().state == idle.deliveries.get().state == "ready"
+
+
+def test_a_claims_token_refill_runs_no_worker_rules(make_worker, make_queue, claim):
+    """The claim writes its worker's token bucket back; the worker's rules (the
+    worker_validate triggers, pgmb.prepare_worker) run for any other change only
+    (docs/decisions/0078-a-claim-plans-once-and-pays-no-worker-rules.md)."""
+    worker = make_worker(rps=10)  # a bucket of 2 (burst 0.2 s)
+    make_queue("order.*", worker=worker)
+    for n in range(3):
+        pgmb.send("order.created", {"n": n})
+    rules = "pg_stat_get_xact_function_calls('pgmb.prepare_worker(pgmb_worker)'::regprocedure)"
+    with connection.cursor() as cursor:
+        cursor.execute("SET track_functions = 'all'")
+        try:
+            assert len(claim(n=2)) == 2
+            cursor.execute(f"SELECT {rules}")
+            assert cursor.fetchone() == (None,)
+            cursor.execute(
+                "SELECT tokens_at IS NOT NULL FROM pgmb_worker WHERE id = %s", [worker.pk]
+            )
+            assert cursor.fetchone() == (True,)  # the bucket was written back
+            cursor.execute("UPDATE pgmb_worker SET rps = 20 WHERE id = %s", [worker.pk])
+            cursor.execute(f"SELECT {rules}")
+            assert cursor.fetchone() == (1,)
+            with pytest.raises(DataError, match="invalid rps 0"), transaction.atomic():
+                cursor.execute("UPDATE pgmb_worker SET rps = 0 WHERE id = %s", [worker.pk])
+        finally:
+            cursor.execute("RESET track_functions")
 
 
 def test_claim_is_fifo_within_a_queue(make_queue, claim):

@@ -597,3 +597,9 @@ DROP FUNCTION
     pgmb.indb_heartbeat_interval(),
     pgmb.indb_reclaim_interval(),
     pgmb.indb_batch();
+
+-- ==== Claims: one plan a session ====
+
+ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_custom_plan;
+-- django-pgtrigger leaves a removed trigger's function behind.
+DROP FUNCTION IF EXISTS pgtrigger_worker_validate_update_3bb89();

@@ -1035,3 +1035,9 @@ REVOKE EXECUTE ON FUNCTION
     pgmb.loop_headers(pgmb.claimed[]),
     pgmb.loop_post(pgmb.claimed, text, jsonb)
 FROM PUBLIC;
+
+-- ==== Claims: one plan a session ====
+
+-- The claim's statements have one plan whatever the statistics say (their other scans and
+-- sorts are off): kept for the session instead of planned at every call (deliveries.sql).
+ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_generic_plan;

@@ -42,8 +42,8 @@ class Migration(migrations.Migration):
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),
         # A claim's refill of the token bucket runs no worker rules
         # (docs/decisions/0078-a-claim-plans-once-and-pays-no-worker-rules.md): the BEFORE
-        # INSERT OR UPDATE trigger becomes one for INSERT and one for an UPDATE that changed
-        # more than the bucket, both running the same rules. After the SQL, so that
+        # INSERT OR UPDATE trigger becomes one for INSERT and one for an UPDATE OF any
+        # column but the bucket's, both running the same rules. After the SQL, so that
         # migrating back drops these triggers before the .down.sql drops the function
         # django-pgtrigger leaves behind.
         pgtrigger.migrations.RemoveTrigger(model_name="worker", name="worker_validate"),
@@ -66,13 +66,17 @@ class Migration(migrations.Migration):
             trigger=pgtrigger.compiler.Trigger(
                 name="worker_validate_update",
                 sql=pgtrigger.compiler.UpsertTriggerSql(
-                    condition=(
-                        "WHEN ((to_jsonb(OLD) - '{tokens,tokens_at}'::text[]) IS DISTINCT FROM"
-                        " (to_jsonb(NEW) - '{tokens,tokens_at}'::text[]))"
-                    ),
                     func="RETURN pgmb.prepare_worker(NEW);",
-                    hash="7efc959d2aa721e4ec14792a4d01a5625cdf4a43",
-                    operation="UPDATE",
+                    hash="1c261d3a6d9e64e7afb4bf66837678b8a4d0b267",
+                    operation=(
+                        'UPDATE OF "id", "name", "endpoint", "rps", "timeout", "burst", '
+                        '"secret", "active", "created_at", "breaker_failures", "breaker_rate", '
+                        '"breaker_window", "breaker_min_requests", "breaker_cooldown", '
+                        '"breaker_cooldown_max", "breaker_state", "breaker_since", '
+                        '"breaker_until", "breaker_reason", "breaker_streak", "breaker_trips", '
+                        '"breaker_probe", "breaker_window_at", "breaker_requests", '
+                        '"breaker_failed", "breaker_prev_requests", "breaker_prev_failed"'
+                    ),
                     pgid="pgtrigger_worker_validate_update_3bb89",
                     table="pgmb_worker",
                     when="BEFORE",

@@ -15,7 +15,7 @@ from pgmb import deliveries
 from pgmb.db.conninfo import conninfo_from_django
 from pgmb.db.statements import arun
 from pgmb.deliveries import Failure, Success
-from pgmb.models import Attempt, DeadLetter, Delivery
+from pgmb.models import WORKER_RULED_COLUMNS, Attempt, DeadLetter, Delivery
 
 
 @pytest.fixture
@@ -102,6 +102,27 @@ def test_a_claims_token_refill_runs_no_worker_rules(make_worker, make_queue, cla
                 cursor.execute("UPDATE pgmb_worker SET rps = 0 WHERE id = %s", [worker.pk])
         finally:
             cursor.execute("RESET track_functions")
+
+
+def test_every_worker_column_but_the_bucket_runs_the_rules(db):
+    """The UPDATE trigger of the worker's rules lists every column of pgmb_worker but
+    the token bucket's, so that a column added later is not left unchecked."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_trigger t"
+            " JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)"
+            " WHERE t.tgrelid = 'pgmb_worker'::regclass"
+            " AND t.tgname LIKE 'pgtrigger_worker_validate_update_%'"
+        )
+        (listed,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute"
+            " WHERE attrelid = 'pgmb_worker'::regclass AND attnum > 0 AND NOT attisdropped"
+            " AND attname NOT IN ('tokens', 'tokens_at')"
+        )
+        (columns,) = cursor.fetchone()
+    assert listed == columns
+    assert sorted(columns) == sorted(WORKER_RULED_COLUMNS)
 
 
 def test_claim_is_fifo_within_a_queue(make_queue, claim):

@@ -601,5 +601,15 @@ DROP FUNCTION
 -- ==== Claims: one plan a session ====
 
 ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_custom_plan;
+
+CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
+RETURNS text[]
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT array_remove(ARRAY[current], '') || ARRAY(
+        SELECT s.secret::text FROM pgmb_worker_secret s
+        WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
+        ORDER BY s.retired_at DESC, s.id DESC
+        LIMIT pgmb.max_retiring_secrets())
+$$;
 -- django-pgtrigger leaves a removed trigger's function behind.
 DROP FUNCTION IF EXISTS pgtrigger_worker_validate_update_3bb89();

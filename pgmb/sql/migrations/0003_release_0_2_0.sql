@@ -1041,3 +1041,15 @@ FROM PUBLIC;
 -- The claim's statements have one plan whatever the statistics say (their other scans and
 -- sorts are off): kept for the session instead of planned at every call (deliveries.sql).
 ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_generic_plan;
+
+-- PL/pgSQL, so that its query is planned once a session, not at every claim (routing.sql).
+CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
+RETURNS text[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN array_remove(ARRAY[current], '') || ARRAY(
+        SELECT s.secret::text FROM pgmb_worker_secret s
+        WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
+        ORDER BY s.retired_at DESC, s.id DESC
+        LIMIT pgmb.max_retiring_secrets());
+END $$;

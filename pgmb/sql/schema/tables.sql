@@ -120,8 +120,9 @@ CREATE STATISTICS IF NOT EXISTS pgmb.attempt_outcome_status (mcv)
 
 -- ==== the trigger functions of pgmb_worker and pgmb_queue ====
 
--- The BEFORE INSERT OR UPDATE trigger function of pgmb_worker: the name, endpoint, rate,
--- timeout and secret rules for every writer (an unchanged endpoint or secret stays
+-- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
+-- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the bucket
+-- runs no rule): the name, endpoint, rate, timeout and secret rules for every writer (an unchanged endpoint or secret stays
 -- accepted: a row stored before a rule can still be paused), then the circuit breaker's settings (pgmb.check_breaker).
 CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql

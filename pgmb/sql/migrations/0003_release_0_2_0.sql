@@ -275,12 +275,16 @@ ALTER FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, i
 REVOKE EXECUTE ON FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text,
                                              integer, timestamptz, jsonb, jsonb) FROM PUBLIC;
 
--- ==== In-database loop: named steps ====
+-- ==== In-database loop: named steps and the http extension's path ====
 
 -- pgmb.dispatch_loop in named steps, its constants named once
--- (docs/decisions/0070-the-in-database-loop-in-named-steps.md). Its signature is 0.1.1's: the
--- pg_cron job 0.1.1 scheduled calls it unchanged; a loop running while this applies goes on
--- with the code it started with.
+-- (docs/decisions/0070-the-in-database-loop-in-named-steps.md), and the http extension's
+-- path made cheaper per request (docs/decisions/0072-the-http-extensions-path-per-request.md):
+-- the claim's headers built once, pgmb.post_via_http in static SQL, the transport's post called directly. Each object
+-- is created here once, as pgmb/sql/schema/indb.sql has it. The signature of
+-- pgmb.dispatch_loop and the arguments and results of pgmb.post_via_http and
+-- pgmb.http_outcome are 0.1.1's: the pg_cron job 0.1.1 scheduled calls the loop unchanged,
+-- and a loop running while this applies goes on with the code it started with.
 
 -- The in-database loop's constants, each named once: the SQL twin of a Python value, compared
 -- by one table of cases (tests/rules/test_loop_constants.py). IMMUTABLE SQL, so the planner
@@ -390,339 +394,6 @@ BEGIN
     outcomes := '{}';
 END $$;
 
--- Step "post", one request (the http extension's way, or PL/Python's without runs): its
--- outcome. A request that cannot be built, or a call that fails rather than give an
--- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt,
--- never the endpoint's.
-CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text) RETURNS pgmb.http_outcome
-LANGUAGE plpgsql AS $$
-DECLARE
-    started timestamptz := clock_timestamp();
-    built_headers jsonb;
-BEGIN
-    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
-    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython cannot even
-    -- be planned where PL/Python is missing.
-    IF transport = 'plpython3u' THEN
-        RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
-    END IF;
-    RETURN pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
-EXCEPTION WHEN others THEN
-    RETURN ROW(NULL, 'pgmb''s own failure: '
-                     || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
-                             ELSE 'could not send the request: ' END || SQLERRM, NULL,
-               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-END $$;
-
--- Step "post", a run (PL/Python's pgmb.post_run_via_plpython): row i of claimed and the
--- unpaced rows after it, at most room of them, posted back to back. pgmb.post_run_via_plpython
--- stops earlier at the batch's other bounds: budget_ms for the oldest outcome not yet
--- committed (kept since pending_since; NULL: none is), guess_ms for the next request (the
--- last one's time), and the deadline, or once a request of the run could outlast its lease.
--- The headers are built in one statement; should one row's fail (a secret stored before the
--- rules refused it, say), the rows before it make the run. Returns the rows posted, their
--- outcomes, when the first ended, how long the last took (guess_ms when none was posted) and
--- how many were 2xx; outcomes NULL: not even row i's headers could be built, so it goes the
--- one-request way, which records its fault.
-CREATE OR REPLACE FUNCTION pgmb.loop_post_run(
-    claimed pgmb.claimed[], i integer, paced boolean, claimed_at timestamptz, room integer,
-    budget_ms float8, pending_since timestamptz, guess_ms float8, deadline timestamptz,
-    OUT delivery_ids bigint[], OUT lease_ids uuid[], OUT outcomes pgmb.http_outcome[],
-    OUT first_finished timestamptz, OUT last_ms float8, OUT ok integer)
-LANGUAGE plpgsql AS $$
-DECLARE
-    unix_time bigint := extract(epoch FROM now())::bigint;
-    run_max integer := i - 1 + least(cardinality(claimed) - i + 1, room);
-    run_end integer := run_max;
-    headers jsonb[];
-    urls text[];
-    bodies text[];
-    timeouts float8[];
-    -- The last moment (seconds since the epoch) a request of the run may begin and still
-    -- end within its lease.
-    lease_end float8;
-    started timestamptz;
-    posted integer;
-BEGIN
-    last_ms := guess_ms;
-    IF paced THEN
-        SELECT coalesce(min(k) - 1, run_max) INTO run_end
-        FROM generate_series(i + 1, run_max) AS k
-        WHERE (claimed[k]).rps < pgmb.unpaced_rps();
-    END IF;
-    BEGIN
-        headers := pgmb.run_headers(claimed[i:run_end], unix_time);
-    EXCEPTION WHEN others THEN
-        run_max := run_end;
-        run_end := i - 1;
-        WHILE run_end < run_max LOOP
-            BEGIN
-                PERFORM pgmb.request_headers(claimed[run_end + 1], unix_time);
-            EXCEPTION WHEN others THEN
-                EXIT;
-            END;
-            run_end := run_end + 1;
-        END LOOP;
-        IF run_end < i THEN
-            RETURN;
-        END IF;
-        headers := pgmb.run_headers(claimed[i:run_end], unix_time);
-    END;
-    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
-           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
-           array_agg(x.lease_id ORDER BY x.ordinality),
-           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
-    INTO urls, bodies, timeouts, delivery_ids, lease_ids, lease_end
-    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
-    started := clock_timestamp();
-    BEGIN
-        SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
-               to_timestamp(min(r.finished)), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
-               count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
-        INTO outcomes, first_finished, last_ms, posted, ok
-        FROM pgmb.post_run_via_plpython(
-                 urls, bodies, headers, timeouts, room, budget_ms,
-                 extract(epoch FROM clock_timestamp() - pending_since) * 1000, guess_ms,
-                 -- No window begins past the loop's end, nor once a request of the run could
-                 -- outlast its lease (the rest come back to the loop, one by one).
-                 least(extract(epoch FROM deadline)::float8, lease_end))
-             WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
-    EXCEPTION WHEN others THEN
-        -- Not a request's fault (those are outcomes): the call's. Recorded against the run's
-        -- first row; the rest go on in the next run.
-        outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
-                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
-        first_finished := clock_timestamp();
-        last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
-        posted := 1;
-        ok := 0;
-    END;
-    delivery_ids := delivery_ids[1:posted];
-    lease_ids := lease_ids[1:posted];
-END $$;
-
--- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
--- batches, committing between them (pg_cron runs it as a job, as_job). With the PL/Python
--- transport a batch's requests to one worker go out as runs (pgmb.post_run_via_plpython);
--- with the http extension one at a time. Outcomes are written in batches (pgmb.record_outcomes)
--- within the bounds of pgmb.indb_commit_bounds. Its steps are the pgmb.loop_* routines above,
--- each written once (docs/decisions/0070-the-in-database-loop-in-named-steps.md); what
--- stays here is what runs per request (a call costs there) and the COMMITs, which only a
--- procedure may make. A fault in one request is that delivery's outcome, never the loop's end.
-CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT pgmb.indb_batch(),
-                                    queue_names text[] DEFAULT NULL, as_job boolean DEFAULT false)
-LANGUAGE plpgsql AS $$
-DECLARE
-    commit_every integer;
-    commit_ms float8;
-    deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
-    next_reclaim timestamptz := clock_timestamp();
-    me bigint;
-    next_beat timestamptz := clock_timestamp() + pgmb.indb_heartbeat_interval();
-    delivered bigint := 0;
-    failed bigint := 0;
-    -- The claim, when it began (its leases run out lease_seconds after, or a little later),
-    -- how it is posted, and row i, the next to post.
-    claimed pgmb.claimed[];
-    claimed_at timestamptz;
-    transport text;
-    runs boolean;
-    -- Whether a run must look for paced rows that end it (most claims have none).
-    paced boolean;
-    i integer;
-    c pgmb.claimed;
-    -- Pacing: when each paced worker may next be posted to (seconds since the epoch).
-    next_post jsonb := '{}';
-    wait float8;
-    -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
-    marked integer;
-    -- Seconds since the claim began.
-    waited float8;
-    -- What was just posted (a run, or one request): its rows, their outcomes, how many were
-    -- 2xx, when the first ended; when the one request began.
-    started timestamptz;
-    posted_ok integer;
-    posted_ids bigint[];
-    posted_leases uuid[];
-    posted_outcomes pgmb.http_outcome[];
-    first_finished timestamptz;
-    -- The outcomes not yet recorded, since when, and how long the last request took (the
-    -- guess for the next one).
-    done_ids bigint[] := '{}';
-    done_leases uuid[] := '{}';
-    done_outcomes pgmb.http_outcome[] := '{}';
-    pending_since timestamptz;
-    last_post_ms float8 := 0;
-BEGIN
-    -- Read first: a bad setting stops the loop before it writes anything.
-    SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
-    IF pgmb.http_transport() IS NULL THEN
-        PERFORM pgmb.no_transport();
-    END IF;
-    -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
-    BEGIN
-        me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
-                                    pg_backend_pid(), queue_names);
-    EXCEPTION WHEN others THEN
-        RAISE WARNING 'pgmb: could not register the dispatcher: %', SQLERRM;
-    END;
-    WHILE clock_timestamp() < deadline LOOP
-        EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
-        IF clock_timestamp() >= next_beat THEN
-            next_beat := pgmb.loop_beat(me, 0, delivered, failed);
-        END IF;
-        IF clock_timestamp() >= next_reclaim THEN
-            next_reclaim := pgmb.loop_reclaim();
-        END IF;
-        claimed_at := clock_timestamp();
-        claimed := pgmb.loop_claim(queue_names, batch);
-        IF claimed IS NULL THEN
-            -- Nothing waits for a sleep: the outcomes kept so far are committed first.
-            CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-            COMMIT;
-            wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
-                          extract(epoch FROM deadline - clock_timestamp()));
-            COMMIT;
-            PERFORM pg_sleep(greatest(wait, 0.005));
-            CONTINUE;
-        END IF;
-        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
-        -- Runs need pgmb.post_run_via_plpython, which a database given PL/Python by hand may
-        -- lack: then one request at a time.
-        transport := pgmb.http_transport();
-        runs := transport = 'plpython3u'
-                AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
-                                    'float8, float8, float8, float8)') IS NOT NULL;
-        SELECT coalesce(bool_or(x.rps < pgmb.unpaced_rps()), false) INTO paced FROM unnest(claimed) AS x;
-        i := 1;
-        WHILE i <= cardinality(claimed) LOOP
-            c := claimed[i];
-            IF clock_timestamp() >= deadline THEN
-                -- Out of time: hand back what was not posted, unattempted.
-                PERFORM pgmb.release(ARRAY(SELECT x.delivery_id FROM unnest(claimed[i:]) AS x),
-                                     ARRAY(SELECT x.lease_id FROM unnest(claimed[i:]) AS x));
-                EXIT;
-            END IF;
-            -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
-            wait := 0;
-            IF c.rps < pgmb.unpaced_rps() AND next_post ? c.worker_id::text THEN
-                wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
-            END IF;
-            -- A COMMIT before this request: the claim's (the first of a claim), before and
-            -- after a pacing wait (nothing waits for a sleep), or the batch's, once it is
-            -- full or its oldest outcome would wait too long. This request's start mark
-            -- goes with it.
-            marked := NULL;
-            IF i = 1 OR wait > 0
-               OR cardinality(done_ids) >= commit_every
-               OR (cardinality(done_ids) > 0
-                   AND extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms >= commit_ms) THEN
-                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-                IF wait > 0 THEN
-                    COMMIT;
-                    PERFORM pg_sleep(wait);
-                END IF;
-                -- A failed mark does not hold the request back: its expiry would then be
-                -- forgiven (up to twice), as after a crash within a batch.
-                BEGIN
-                    marked := pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
-                EXCEPTION WHEN others THEN
-                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
-                END;
-                COMMIT;
-            END IF;
-            -- A request ends within its lease (docs/decisions/0040-a-request-ends-within-its-lease.md):
-            -- posted only if it can end before its lease runs out, reckoned from before the
-            -- claim, as pgmb_dispatch does (where a lease stored before that rule is not
-            -- longer than the timeout, a request that waited under a quarter of it goes). A
-            -- later one is handed back unattempted, with the outcomes kept so far, so that no
-            -- other dispatcher posts it while this one does. A start mark refused (0: the
-            -- lease is no longer this claim's, reclaimed after it ran out) is not posted either.
-            -- In seconds, not intervals: a timeout or lease stored before the rules may be
-            -- past what an interval holds.
-            waited := extract(epoch FROM clock_timestamp() - claimed_at);
-            IF marked = 0
-               OR (waited + c.timeout >= c.lease_seconds
-                   AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
-                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-                IF marked IS DISTINCT FROM 0 THEN
-                    PERFORM pgmb.release(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
-                END IF;
-                COMMIT;
-                i := i + 1;
-                CONTINUE;
-            END IF;
-            -- Post: a run from this row, or this one request.
-            posted_outcomes := NULL;
-            IF runs AND c.rps >= pgmb.unpaced_rps() THEN
-                SELECT r.delivery_ids, r.lease_ids, r.outcomes, r.first_finished, r.last_ms, r.ok
-                INTO posted_ids, posted_leases, posted_outcomes, first_finished, last_post_ms, posted_ok
-                FROM pgmb.loop_post_run(claimed, i, paced, claimed_at, commit_every - cardinality(done_ids),
-                                        commit_ms, CASE WHEN cardinality(done_ids) > 0 THEN pending_since END,
-                                        last_post_ms, deadline) AS r;
-            END IF;
-            IF posted_outcomes IS NULL THEN
-                IF c.rps < pgmb.unpaced_rps() THEN
-                    next_post := next_post || jsonb_build_object(c.worker_id::text,
-                                                                 extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
-                END IF;
-                started := clock_timestamp();
-                posted_outcomes := ARRAY[pgmb.loop_post(c, transport)];
-                first_finished := clock_timestamp();
-                last_post_ms := extract(epoch FROM first_finished - started) * 1000;
-                posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;
-                posted_ids := ARRAY[c.delivery_id];
-                posted_leases := ARRAY[c.lease_id];
-            END IF;
-            -- Keep the outcomes for the next "record".
-            IF cardinality(done_ids) = 0 THEN
-                pending_since := first_finished;
-            END IF;
-            done_ids := done_ids || posted_ids;
-            done_leases := done_leases || posted_leases;
-            done_outcomes := done_outcomes || posted_outcomes;
-            delivered := delivered + posted_ok;
-            failed := failed + cardinality(posted_outcomes) - posted_ok;
-            i := i + cardinality(posted_outcomes);
-            IF clock_timestamp() >= next_beat THEN
-                next_beat := pgmb.loop_beat(me, cardinality(claimed) - i + 1, delivered, failed);
-            END IF;
-        END LOOP;
-    END LOOP;
-    -- The last outcomes, committed with the CALL.
-    CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-    IF me IS NOT NULL THEN
-        BEGIN
-            PERFORM pgmb.dispatcher_stop(me, delivered, failed);
-        EXCEPTION WHEN others THEN
-            RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
-        END;
-    END IF;
-END $$;
-
--- Closed, as every function of pgmb's but the reviewed list (access.sql).
-REVOKE EXECUTE ON FUNCTION
-    pgmb.unpaced_rps(),
-    pgmb.indb_heartbeat_interval(),
-    pgmb.indb_reclaim_interval(),
-    pgmb.indb_batch(),
-    pgmb.loop_claim(text[], integer),
-    pgmb.loop_reclaim(),
-    pgmb.loop_beat(bigint, integer, bigint, bigint),
-    pgmb.loop_post(pgmb.claimed, text),
-    pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz)
-FROM PUBLIC;
-REVOKE EXECUTE ON PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome[]) FROM PUBLIC;
-
--- ==== In-database loop: the http extension's path ====
-
--- The http extension's path made cheaper per request
--- (docs/decisions/0072-the-http-extensions-path-per-request.md): the claim's headers built
--- once, pgmb.post_via_http in static SQL, the transport's post called directly. The
--- arguments and results of pgmb.post_via_http and pgmb.http_outcome are 0.1.1's.
-
-DROP FUNCTION pgmb.loop_post(pgmb.claimed, text);
-
 -- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it. PL/pgSQL, not
 -- SQL: a SQL function that cannot be inlined (clock_timestamp() in a STABLE one) is parsed
 -- again in every subtransaction, and each request runs in one; PL/pgSQL keeps its plan.
@@ -821,6 +492,93 @@ EXCEPTION WHEN others THEN
                      || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
                              ELSE 'could not send the request: ' END || SQLERRM, NULL,
                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+END $$;
+
+-- Step "post", a run (PL/Python's pgmb.post_run_via_plpython): row i of claimed and the
+-- unpaced rows after it, at most room of them, posted back to back. pgmb.post_run_via_plpython
+-- stops earlier at the batch's other bounds: budget_ms for the oldest outcome not yet
+-- committed (kept since pending_since; NULL: none is), guess_ms for the next request (the
+-- last one's time), and the deadline, or once a request of the run could outlast its lease.
+-- The headers are built in one statement; should one row's fail (a secret stored before the
+-- rules refused it, say), the rows before it make the run. Returns the rows posted, their
+-- outcomes, when the first ended, how long the last took (guess_ms when none was posted) and
+-- how many were 2xx; outcomes NULL: not even row i's headers could be built, so it goes the
+-- one-request way, which records its fault.
+CREATE OR REPLACE FUNCTION pgmb.loop_post_run(
+    claimed pgmb.claimed[], i integer, paced boolean, claimed_at timestamptz, room integer,
+    budget_ms float8, pending_since timestamptz, guess_ms float8, deadline timestamptz,
+    OUT delivery_ids bigint[], OUT lease_ids uuid[], OUT outcomes pgmb.http_outcome[],
+    OUT first_finished timestamptz, OUT last_ms float8, OUT ok integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    unix_time bigint := extract(epoch FROM now())::bigint;
+    run_max integer := i - 1 + least(cardinality(claimed) - i + 1, room);
+    run_end integer := run_max;
+    headers jsonb[];
+    urls text[];
+    bodies text[];
+    timeouts float8[];
+    -- The last moment (seconds since the epoch) a request of the run may begin and still
+    -- end within its lease.
+    lease_end float8;
+    started timestamptz;
+    posted integer;
+BEGIN
+    last_ms := guess_ms;
+    IF paced THEN
+        SELECT coalesce(min(k) - 1, run_max) INTO run_end
+        FROM generate_series(i + 1, run_max) AS k
+        WHERE (claimed[k]).rps < pgmb.unpaced_rps();
+    END IF;
+    BEGIN
+        headers := pgmb.run_headers(claimed[i:run_end], unix_time);
+    EXCEPTION WHEN others THEN
+        run_max := run_end;
+        run_end := i - 1;
+        WHILE run_end < run_max LOOP
+            BEGIN
+                PERFORM pgmb.request_headers(claimed[run_end + 1], unix_time);
+            EXCEPTION WHEN others THEN
+                EXIT;
+            END;
+            run_end := run_end + 1;
+        END LOOP;
+        IF run_end < i THEN
+            RETURN;
+        END IF;
+        headers := pgmb.run_headers(claimed[i:run_end], unix_time);
+    END;
+    SELECT array_agg(x.endpoint ORDER BY x.ordinality), array_agg(x.body ORDER BY x.ordinality),
+           array_agg(x.timeout ORDER BY x.ordinality), array_agg(x.delivery_id ORDER BY x.ordinality),
+           array_agg(x.lease_id ORDER BY x.ordinality),
+           min(extract(epoch FROM claimed_at) + x.lease_seconds - x.timeout)
+    INTO urls, bodies, timeouts, delivery_ids, lease_ids, lease_end
+    FROM unnest(claimed[i:run_end]) WITH ORDINALITY AS x;
+    started := clock_timestamp();
+    BEGIN
+        SELECT array_agg(ROW(r.status, r.error, r.retry_after, r.duration_ms)::pgmb.http_outcome ORDER BY r.n),
+               to_timestamp(min(r.finished)), (array_agg(r.duration_ms ORDER BY r.n DESC))[1],
+               count(*), count(*) FILTER (WHERE r.status BETWEEN 200 AND 299)
+        INTO outcomes, first_finished, last_ms, posted, ok
+        FROM pgmb.post_run_via_plpython(
+                 urls, bodies, headers, timeouts, room, budget_ms,
+                 extract(epoch FROM clock_timestamp() - pending_since) * 1000, guess_ms,
+                 -- No window begins past the loop's end, nor once a request of the run could
+                 -- outlast its lease (the rest come back to the loop, one by one).
+                 least(extract(epoch FROM deadline)::float8, lease_end))
+             WITH ORDINALITY AS r(status, error, retry_after, duration_ms, finished, n);
+    EXCEPTION WHEN others THEN
+        -- Not a request's fault (those are outcomes): the call's. Recorded against the run's
+        -- first row; the rest go on in the next run.
+        outcomes := ARRAY[ROW(NULL, 'pgmb''s own failure: could not send the request: ' || SQLERRM, NULL,
+                              extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome];
+        first_finished := clock_timestamp();
+        last_ms := extract(epoch FROM clock_timestamp() - started) * 1000;
+        posted := 1;
+        ok := 0;
+    END;
+    delivery_ids := delivery_ids[1:posted];
+    lease_ids := lease_ids[1:posted];
 END $$;
 
 -- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
@@ -1032,6 +790,15 @@ END $$;
 
 -- Closed, as every function of pgmb's but the reviewed list (access.sql).
 REVOKE EXECUTE ON FUNCTION
+    pgmb.unpaced_rps(),
+    pgmb.indb_heartbeat_interval(),
+    pgmb.indb_reclaim_interval(),
+    pgmb.indb_batch(),
+    pgmb.loop_claim(text[], integer),
+    pgmb.loop_reclaim(),
+    pgmb.loop_beat(bigint, integer, bigint, bigint),
     pgmb.loop_headers(pgmb.claimed[]),
-    pgmb.loop_post(pgmb.claimed, text, jsonb)
+    pgmb.loop_post(pgmb.claimed, text, jsonb),
+    pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz)
 FROM PUBLIC;
+REVOKE EXECUTE ON PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome[]) FROM PUBLIC;

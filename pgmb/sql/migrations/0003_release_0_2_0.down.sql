@@ -559,13 +559,31 @@ BEGIN
     END IF;
 END $$;
 
+-- The value of the pgmb-routing-key header of a routing key, as
+-- pgmb.worker_request.routing_key_header gives it: printable ASCII but '%' as it is, every
+-- other character as the percent-encoded bytes of its UTF-8 (RFC 3986, upper-case hex), so
+-- that the header is ASCII on every path and a worker gets the key back with any URL-unquote.
+-- Most keys are all kept: one match, no copy.
+CREATE OR REPLACE FUNCTION pgmb.routing_key_header(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE WHEN routing_key ~ '^[\x21-\x24\x26-\x7e]*$' THEN routing_key
+                ELSE (SELECT string_agg(CASE WHEN ch ~ '^[\x21-\x24\x26-\x7e]$' THEN ch
+                                             ELSE upper(regexp_replace(encode(convert_to(ch, 'UTF8'), 'hex'),
+                                                                       '(..)', '%\1', 'g')) END,
+                                        '' ORDER BY n)
+                      FROM regexp_split_to_table(routing_key, '') WITH ORDINALITY AS t(ch, n)) END
+$$;
+
 DROP PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome[]);
 DROP FUNCTION
     pgmb.loop_claim(text[], integer),
     pgmb.loop_reclaim(),
     pgmb.loop_beat(bigint, integer, bigint, bigint),
     pgmb.loop_headers(pgmb.claimed[]),
-    pgmb.loop_post(pgmb.claimed, text, jsonb),
+    pgmb.loop_post(pgmb.claimed, text, jsonb, text),
+    pgmb.http_header_records(jsonb[]),
+    pgmb.post_via_http_headers(text, text, text, float8),
+    pgmb.routing_key_escaped(text),
     pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz),
     pgmb.unpaced_rps(),
     pgmb.indb_heartbeat_interval(),

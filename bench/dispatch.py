@@ -556,7 +556,7 @@ def in_database_http(
                 also="http",
             ),
             harness.Row(
-                "pgmb.dispatch_loop, http.keepalive on by the caller",
+                "the loop, http.keepalive on by its caller",
                 "indb_http_ka",
                 "rate",
                 "http_ka",

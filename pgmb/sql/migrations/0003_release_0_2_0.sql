@@ -419,15 +419,18 @@ END $$;
 -- the request's content_type). Text, not http_header[], so that this file installs without
 -- the extension; NULL headers are none, an element that is neither NULL nor an object is
 -- NULL. One statement for a claim's requests (pgmb.dispatch_loop), or one request's
--- (pgmb.post_via_http).
+-- (pgmb.post_via_http). PL/pgSQL, not SQL: a SQL function it cannot inline is parsed and
+-- planned again in every subtransaction it is called in (pgmb.loop_post's, a request).
 CREATE OR REPLACE FUNCTION pgmb.http_header_records(headers jsonb[]) RETURNS text[]
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT array_agg(CASE WHEN h.h IS NULL OR jsonb_typeof(h.h) = 'object' THEN (
-               SELECT coalesce(array_agg(ROW(e.k, e.v)), '{}')::text
-               FROM jsonb_each_text(h.h) AS e(k, v) WHERE lower(e.k) <> 'content-type') END
-           ORDER BY h.n)
-    FROM unnest(headers) WITH ORDINALITY AS h(h, n)
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT CASE WHEN h.h IS NULL OR jsonb_typeof(h.h) = 'object' THEN (
+                   SELECT coalesce(array_agg(ROW(e.k, e.v)), '{}')::text
+                   FROM jsonb_each_text(h.h) AS e(k, v) WHERE lower(e.k) <> 'content-type') END
+        FROM unnest(headers) WITH ORDINALITY AS h(h, n)
+        ORDER BY h.n);
+END $$;
 
 -- POST through pgsql-http, the headers given as pgmb.http_header_records makes them. The
 -- call is one expression, which PL/pgSQL evaluates without starting an executor (a

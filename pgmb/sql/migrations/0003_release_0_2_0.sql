@@ -432,6 +432,10 @@ BEGIN
         ORDER BY h.n);
 END $$;
 
+-- Its generic plan from the first call: a custom plan, made at every call, cost more than
+-- the statement itself (the estimate of a one-element array always favoured one).
+ALTER FUNCTION pgmb.http_header_records(jsonb[]) SET plan_cache_mode = force_generic_plan;
+
 -- POST through pgsql-http, the headers given as pgmb.http_header_records makes them. The
 -- call is one expression, which PL/pgSQL evaluates without starting an executor (a
 -- statement's would cost about half as much as pgsql-http's own work on a kept

@@ -28,6 +28,7 @@ from django.utils.translation import gettext_lazy as _
 from . import endpoint_policy, routing, sql
 from .errors import PgmbError
 from .ids import uuid7
+from .trigger_guard import GuardedTrigger
 from .worker_secrets import new_secret_problem
 
 
@@ -108,6 +109,11 @@ def timeout_within_lease(timeout: float, lease: float) -> bool:
 
 def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
+
+
+def _guarded_trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
+    """A trigger that runs at every publish: pgtrigger.ignore() checked without its cost."""
+    return GuardedTrigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 
 def _times_outside(*columns: str) -> str:
@@ -656,7 +662,8 @@ class Message(models.Model):
             ("replay_message", "Can replay messages to the queues that acknowledged them")
         ]
         triggers = [
-            _trigger(
+            # Once per publishing statement: guarded (pgmb/trigger_guard.py, decision 0073).
+            _guarded_trigger(
                 "route_messages",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,

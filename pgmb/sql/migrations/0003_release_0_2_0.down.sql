@@ -597,3 +597,7 @@ DROP FUNCTION
     pgmb.indb_heartbeat_interval(),
     pgmb.indb_reclaim_interval(),
     pgmb.indb_batch();
+
+-- ==== Publishing: indexes that earn their place ====
+-- 0.1.1 left pgmb_queue to autovacuum's defaults (its statistics stay as they are).
+ALTER TABLE pgmb_queue RESET (autovacuum_analyze_threshold, autovacuum_analyze_scale_factor);

@@ -1,5 +1,6 @@
-"""The routing trigger's pgtrigger.ignore() check (pgmb/trigger_guard.py, decision 0073):
-free while nothing is ignored, and pgtrigger.ignore() still skips the trigger."""
+"""What the routing trigger costs a publish (decision 0073): its pgtrigger.ignore() check
+(pgmb/trigger_guard.py) free while nothing is ignored, pgtrigger.ignore() still skipping
+it; pgmb_queue analyzed after any change, so that a few queues are scanned."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from django.db import connection
 
 from pgmb.models import Delivery, Message
+from tests.plans import plans_of
 
 IGNORE_CHECK = "public._pgtrigger_should_ignore(name)"
 
@@ -74,3 +76,23 @@ def test_ignoring_another_trigger_routes_as_usual(make_queue, tracked):
     assert Delivery.objects.filter(message=message, queue=queue).count() == 1
     # Something was ignored: pgtrigger's function decided, and said "route".
     assert _ignore_checks() == before + 1
+
+
+def test_the_queue_table_is_analyzed_after_any_change(db):
+    """autovacuum analyzes a table once more rows changed than threshold + scale x rows."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgmb_queue'::regclass")
+        (options,) = cursor.fetchone()
+    assert "autovacuum_analyze_threshold=0" in options
+    assert "autovacuum_analyze_scale_factor=0" in options
+
+
+def test_a_few_analyzed_queues_are_scanned_not_looked_up(make_queue):
+    queues = [make_queue(binding) for binding in ("order.*", "invoice.#", "user.*.deleted")]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgmb_queue")  # as autovacuum does after the change
+    plans = plans_of(_publish)
+    routing = [plan for plan in plans if "INSERT INTO pgmb_delivery" in plan]
+    assert routing and "Seq Scan on pgmb_queue" in routing[0], plans
+    assert "Index Scan on pgmb_queue_binding_tags" not in routing[0]
+    assert Delivery.objects.filter(queue=queues[0]).count() == 1

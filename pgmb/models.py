@@ -28,6 +28,7 @@ from django.utils.translation import gettext_lazy as _
 from . import endpoint_policy, routing, sql
 from .errors import PgmbError
 from .ids import uuid7
+from .trigger_guard import GuardedTrigger
 from .worker_secrets import new_secret_problem
 
 
@@ -110,6 +111,11 @@ def _trigger(name: str, body: str | None = None, **kwargs: Any) -> pgtrigger.Tri
     """A trigger whose function body is the query ``body`` (default: ``name``) of
     triggers.sql."""
     return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", body or name), **kwargs)
+
+
+def _guarded_trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
+    """A trigger that runs at every publish: pgtrigger.ignore() checked without its cost."""
+    return GuardedTrigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 
 def _times_outside(*columns: str) -> str:
@@ -676,7 +682,8 @@ class Message(models.Model):
             ("replay_message", "Can replay messages to the queues that acknowledged them")
         ]
         triggers = [
-            _trigger(
+            # Once per publishing statement: guarded (pgmb/trigger_guard.py, decision 0073).
+            _guarded_trigger(
                 "route_messages",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,

@@ -605,3 +605,7 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 -- django-pgtrigger leaves a removed trigger's function behind.
 DROP FUNCTION IF EXISTS pgtrigger_worker_validate_update_3bb89();
+
+-- ==== Publishing: indexes that earn their place ====
+-- 0.1.1 left pgmb_queue to autovacuum's defaults (its statistics stay as they are).
+ALTER TABLE pgmb_queue RESET (autovacuum_analyze_threshold, autovacuum_analyze_scale_factor);

@@ -921,3 +921,13 @@ BEGIN
         ORDER BY s.retired_at DESC, s.id DESC
         LIMIT pgmb.max_retiring_secrets());
 END $$;
+
+-- ==== Publishing: indexes that earn their place ====
+-- The routing trigger's plan follows pgmb_queue's statistics (tables.sql,
+-- docs/decisions/0073-publishing-write-path.md): analyzed by autovacuum after any change,
+-- and now, so that a few queues are scanned, not looked up through the GIN index. Every
+-- index of pgmb_message and pgmb_delivery stays (the decision says what each costs and
+-- which read it serves). The routing trigger itself is reinstalled by the Django
+-- operations of 0003_release_0_2_0.py (pgmb/trigger_guard.py).
+ALTER TABLE pgmb_queue SET (autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0);
+ANALYZE pgmb_queue;

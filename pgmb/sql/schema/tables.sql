@@ -46,6 +46,12 @@ ALTER TABLE pgmb_queue
 ALTER TABLE pgmb_queue ADD COLUMN IF NOT EXISTS binding_tags text[] NOT NULL DEFAULT '{}';
 CREATE INDEX IF NOT EXISTS pgmb_queue_binding_tags ON pgmb_queue USING gin (binding_tags)
     WITH (fastupdate = off);
+-- Which of the two the routing trigger uses is planned from pgmb_queue's statistics. By
+-- default autovacuum analyzes a table after 50 changed rows, which a few queues never
+-- reach: the planner then guesses pages and rows, took the GIN index for five queues, and
+-- every publish paid a tenth more (docs/decisions/0073-publishing-write-path.md). Analyzed
+-- after any change (a page or a few: nothing to autovacuum), a few queues are scanned.
+ALTER TABLE pgmb_queue SET (autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0);
 
 ALTER TABLE pgmb_message
     ALTER COLUMN id SET DEFAULT pgmb.uuid_v7(),

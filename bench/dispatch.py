@@ -292,8 +292,9 @@ def run_raw(
 # --- 2: latency from commit to arrival. ---
 
 
-def _publisher(rate: float, seconds: float) -> list[tuple[str, float]]:
-    """In a client process: one message per transaction at ``rate``/s; each commit's time."""
+def _publisher(rate: float, seconds: float, floor: bool = False) -> list[tuple[str, float]]:
+    """In a client process: one message per transaction at ``rate``/s; each commit's time.
+    ``floor``: each message a row of the floor's table and its NOTIFY (FLOOR_SEND)."""
     body = json.dumps(BODY)
     key = QUEUES["latency_queue"][2]
     sent: list[tuple[str, float]] = []
@@ -303,7 +304,10 @@ def _publisher(rate: float, seconds: float) -> list[tuple[str, float]]:
             # On a schedule, not "sleep 1/rate": late messages do not push the rest back.
             time.sleep(max(0.0, start + i / rate - time.time()))
             message_id = uuid.uuid4()
-            conn.execute("SELECT pgmb.send(%s, %s, %s::jsonb)", (message_id, key, body))
+            if floor:
+                conn.execute(FLOOR_SEND, (message_id, body))
+            else:
+                conn.execute("SELECT pgmb.send(%s, %s, %s::jsonb)", (message_id, key, body))
             sent.append((str(message_id), time.time()))  # autocommit: the commit returned
     return sent
 
@@ -322,20 +326,6 @@ FLOOR_SEND = (
     f"WITH r AS (INSERT INTO {FLOOR_TABLE} (id, body) VALUES (%s, %s::jsonb) RETURNING id)"
     f" SELECT pg_notify('{FLOOR_TABLE}', id::text) FROM r"
 )
-
-
-def _floor_publisher(rate: float, seconds: float) -> list[tuple[str, float]]:
-    """In a client process: :func:`_publisher`'s schedule, through the floor's statement."""
-    body = json.dumps(BODY)
-    sent: list[tuple[str, float]] = []
-    with harness.connect() as conn:
-        start = time.time() + 0.1
-        for i in range(int(rate * seconds)):
-            time.sleep(max(0.0, start + i / rate - time.time()))
-            message_id = uuid.uuid4()
-            conn.execute(FLOOR_SEND, (message_id, body))
-            sent.append((str(message_id), time.time()))
-    return sent
 
 
 def _floor_listener(url: str, database: str, ready: Any, stop: Any) -> None:
@@ -368,6 +358,13 @@ def _floor_listener(url: str, database: str, ready: Any, stop: Any) -> None:
     asyncio.run(main())
 
 
+def _await_arrivals(recorder: endpoints.Recorder, n: int) -> None:
+    """Until the endpoint has received ``n`` requests, or for 30 s at most."""
+    deadline = time.monotonic() + 30
+    while recorder.count() < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def run_floor(
     pool: harness.Pool, recorder: endpoints.Recorder, rate: float, seconds: float
 ) -> Latency:
@@ -387,10 +384,8 @@ def run_floor(
     try:
         if not ready.wait(20):
             raise RuntimeError("the floor's listener did not start listening")
-        (sent,) = pool.map(_floor_publisher, [(rate, seconds + 1.0)])
-        deadline = time.monotonic() + 30
-        while recorder.count() < len(sent) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        (sent,) = pool.map(_publisher, [(rate, seconds + 1.0, True)])
+        _await_arrivals(recorder, len(sent))
     finally:
         stop.set()
         listener.join(30)
@@ -415,9 +410,7 @@ def run_latency(
                     raise RuntimeError("the dispatcher did not start listening")
                 time.sleep(0.05)
         (sent,) = pool.map(_publisher, [(rate, seconds + warmup)])
-        deadline = time.monotonic() + 30
-        while recorder.count() < len(sent) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _await_arrivals(recorder, len(sent))
     finally:
         dispatcher.terminate()
         dispatcher.wait(30)

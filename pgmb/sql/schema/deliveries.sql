@@ -79,9 +79,9 @@ END $$;
 -- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
 -- order picked. With those scans and sorts off, each of the claim's statements has one
 -- plan whatever the statistics say, so the claim keeps one generic plan a session
--- (plan_cache_mode): planning at every call was half of a claim's CPU, and a claim of one
--- row (a dispatcher woken by one message) is what the latency of a delivery waits for.
--- The others are planned at every call (they take many rows at a time).
+-- (plan_cache_mode): planned at every call, it would spend half its CPU planning, and a
+-- claim of one row (a dispatcher woken by one message) is what the latency of a delivery
+-- waits for. The others are planned at every call (they take many rows at a time).
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off

@@ -223,8 +223,8 @@ $$;
 -- secrets that have not expired, the most recently retired first, at most
 -- pgmb.max_retiring_secrets() of them (rows written past the bound, by a direct INSERT
 -- say, sign nothing). An empty array: the requests are not signed. PL/pgSQL, so that its
--- query is planned once a session: as an SQL function (not inlined, for its subquery) it
--- was parsed and planned at every claim.
+-- query is planned once a session: an SQL function (never inlined, for its subquery) would
+-- be parsed and planned at every claim.
 CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
 RETURNS text[]
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import harness, pgbench_runner, pgmq_sql, publish, pull  # noqa: E402
+from bench import harness, pgbench_publish, pgbench_runner, pgmq_sql, publish, pull  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class Case:
     again: bool = False
     #: Consumes a pgmb pull queue: counted again if ``--against`` has them (0023 on).
     pull: bool = False
+    #: pgbench variables of this case beyond the body and the keys (written in first).
+    variables: tuple[tuple[str, str], ...] = ()
 
 
 CASES = (
@@ -81,6 +83,28 @@ CASES = (
         "pgmq.send_batch(100)",
         "plain INSERT ... SELECT 100",
         again=True,
+    ),
+    # pgmb's design limit for a batch (bench/pgbench_publish.py): its rows, one statement.
+    Case("limit: rows of 100 routed", "limit_batch.sql", 100, plain="plain INSERT ... SELECT 100"),
+    *(
+        case
+        for k in pgbench_publish.FANOUTS
+        for case in (
+            Case(
+                f"pgmq.send() to {k} queues",
+                "pgmq_send_fanout.sql",
+                1,
+                variables=(("k", str(k)),),
+            ),
+            Case(
+                f"pgmb.send() routed to {k} queues",
+                "pgmb_send_fanout.sql",
+                1,
+                f"pgmq.send() to {k} queues",
+                again=True,
+                variables=(("k", str(k)), ("fankey", pgbench_publish.FANOUT_KEY.format(k=k))),
+            ),
+        )
     ),
     Case("plain DELETE 100 (SKIP LOCKED)", "plain_read_delete.sql", 100),
     Case("pgmq.read(100) + delete", "pgmq_read_delete.sql", 100),
@@ -103,15 +127,18 @@ CASES = (
 )
 
 
-def statements(script: str, count: int) -> str:
-    """``count`` statements of a pgbench script, its variables written in."""
-    text = (pgbench_runner.SCRIPTS / script).read_text()
+def statements(case: Case, count: int) -> str:
+    """``count`` statements of a case's pgbench script, its variables written in."""
+    text = (pgbench_runner.SCRIPTS / case.script).read_text()
     body = json.dumps(publish.order_event(1)).replace("'", "''")
     keys = "{" + ",".join(publish.ROUTING_KEYS) + "}"
     lines = [
         line for line in text.splitlines() if line.strip() and not line.startswith(("--", "\\"))
     ]
     statement = " ".join(lines).replace(":keys", f"'{keys}'").replace(":body", f"'{body}'")
+    statement = statement.replace(":queue", f"'{os.environ.get('PGMB_BENCH_ORDER_QUEUE', '')}'")
+    for name, value in sorted(case.variables, key=lambda item: -len(item[0])):
+        statement = statement.replace(f":{name}", value if value.isdigit() else f"'{value}'")
     # Single-user mode ends a statement at the end of its line.
     return "".join(statement.replace(":k", str(1 + n % 3)) + "\n" for n in range(count))
 
@@ -203,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     old_db = f"{args.db}_old"
     with harness.scratch_database(args.db):
-        publish.set_up(0)
+        os.environ["PGMB_BENCH_ORDER_QUEUE"] = publish.set_up(0)
+        pgbench_publish.set_up_limit_and_fanout(with_pgmq=False)
         # The pull cases' queues, filled for both runs of each (PGMQ's two share one); before
         # the copy for --against only if that migration has pull queues (0023 on).
         pull_again = bool(args.against) and args.against[:4] >= "0023"
@@ -214,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if with_pgmq and (failure := pgmq_sql.load(args.pgmq_sql)):
             print(f"FAILED: PGMQ from {args.pgmq_sql} did not load: {failure}")
             return 1
+        if with_pgmq:
+            with harness.connect() as conn:
+                for n in range(1, max(pgbench_publish.FANOUTS) + 1):
+                    conn.execute("SELECT pgmq.create(%s)", (f"f{n}",))
         size = 2 * (args.small + args.large) * pull.BATCH + 1000
         body = json.dumps(publish.order_event(1))
         with harness.connect() as conn:
@@ -244,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if not with_pgmq and case.script.startswith("pgmq"):
                         continue
                     small, large = (
-                        count(copy, as_owner, database, statements(case.script, n), scratch)
+                        count(copy, as_owner, database, statements(case, n), scratch)
                         for n in (args.small, args.large)
                     )
                     results[label] = (large - small) / ((args.large - args.small) * case.messages)

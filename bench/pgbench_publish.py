@@ -56,6 +56,8 @@ class Spec:
     messages: int = 1
     #: A dispatcher registered and marked waiting for the run: every commit notifies.
     waiting: bool = False
+    #: pgbench variables of this case beyond the body and the keys.
+    variables: tuple[tuple[str, str], ...] = ()
 
 
 #: Each group: the plain table first (the physical limit), then PGMQ, then pgmb's cases.
@@ -72,8 +74,35 @@ SINGLES = (
 BATCHES = (
     Spec(f"plain INSERT ... SELECT {BATCH}", "plain_batch.sql", "baseline", BATCH),
     Spec(f"pgmq.send_batch({BATCH})", "pgmq_batch.sql", "pgmq", BATCH),
+    # pgmb's own limit: its message and delivery rows written by one plain statement into
+    # copies of its tables (same indexes, no triggers); pgmb's goal against it is LIMIT_GOAL.
+    Spec(f"limit: rows of {BATCH} routed, one statement", "limit_batch.sql", "limit", BATCH),
     Spec(f"pgmb INSERT ... SELECT {BATCH}", "pgmb_batch.sql", "pgmb", BATCH),
 )
+#: pgmb's batch against its design limit (the "limit" case).
+LIMIT_GOAL = 0.8
+#: One message for k queues: PGMQ sends it to each of k queues (one statement, k calls of
+#: pgmq.send), pgmb stores it once and routes it to the k queues bound to its key.
+FANOUTS = (2, 4)
+FANOUT_KEY = "fanout{k}.sent"
+
+
+def fanout_specs(k: int) -> tuple[Spec, ...]:
+    return (
+        Spec("plain INSERT (twin table)", "plain_send.sql", "baseline"),
+        Spec(
+            f"pgmq.send() to {k} queues, one transaction",
+            "pgmq_send_fanout.sql",
+            f"pgmq_fanout{k}",
+            variables=(("k", str(k)),),
+        ),
+        Spec(
+            f"pgmb.send() routed to {k} queues",
+            "pgmb_send_fanout.sql",
+            f"pgmb_fanout{k}",
+            variables=(("k", str(k)), ("fankey", FANOUT_KEY.format(k=k))),
+        ),
+    )
 
 
 def _case(
@@ -83,6 +112,8 @@ def _case(
     variables = {
         "body": json.dumps(publish.order_event(1)),
         "keys": "{" + ",".join(publish.ROUTING_KEYS) + "}",
+        "queue": os.environ["PGMB_BENCH_ORDER_QUEUE"],
+        **dict(spec.variables),
     }
 
     def run() -> harness.Sample:
@@ -110,24 +141,118 @@ def _case(
 def _rows(specs: Sequence[Spec], goal: float) -> list[harness.Row]:
     """pgmb against PGMQ (the goal) and the plain table; PGMQ against the plain table.
 
-    Without PGMQ, pgmb against the plain table alone, with no goal.
+    Without PGMQ, pgmb against the plain table alone, with no goal. In a group with pgmb's
+    design limit, pgmb is held against it (LIMIT_GOAL) on a row of its own.
     """
     plain, *others = specs
     rows = [harness.Row(plain.label, plain.label)]
-    rival = next((spec.label for spec in others if spec.writes == "pgmq"), None)
+    rival = next((s.label for s in others if s.writes.startswith("pgmq")), None)
+    limit = next((s.label for s in others if s.writes == "limit"), None)
     for spec in others:
         if rival is None:
             rows.append(harness.Row(spec.label, spec.label, baseline=plain.label))
-        elif spec.label == rival:
+        elif spec.label in (rival, limit):
             rows.append(harness.Row(spec.label, spec.label, also=plain.label))
         else:
             rows.append(harness.Row(spec.label, spec.label, "rate", rival, goal, plain.label))
+    if limit is not None:
+        pgmb = specs[-1].label
+        rows.append(harness.Row(f"{pgmb}, of its limit", pgmb, "rate", limit, LIMIT_GOAL))
     return rows
+
+
+def set_up_limit_and_fanout(with_pgmq: bool) -> None:
+    """The copies of pgmb's tables for the design limit; the queues of the fan-out cases."""
+    from pgmb.models import Queue, Worker
+
+    worker = Worker.objects.get(name="bench")
+    for k in FANOUTS:
+        for n in range(1, k + 1):
+            Queue.objects.create(
+                name=f"fanout{k}_{n}", binding_key=FANOUT_KEY.format(k=k), worker=worker
+            )
+    with harness.connect() as conn:
+        conn.execute("CREATE TABLE bench_limit_message (LIKE pgmb_message INCLUDING ALL)")
+        conn.execute("CREATE TABLE bench_limit_delivery (LIKE pgmb_delivery INCLUDING ALL)")
+        if with_pgmq:
+            for n in range(1, max(FANOUTS) + 1):
+                conn.execute("SELECT pgmq.create(%s)", (f"f{n}",))
+
+
+def settle_queue_statistics(since: object, at_most: float = 90) -> str:
+    """Wait, as a running install would have, for autovacuum to analyze pgmb_queue if its
+    settings say it will (the routing trigger's plan follows them): with PostgreSQL's
+    defaults, after 50 changed rows, which a few queues never reach, so nothing to wait for.
+    The queues' rows stand for the changes (the counts of the statistics lag behind);
+    ``since``: the server's time before the queues were created."""
+    due = (
+        "SELECT (SELECT count(*) FROM pgmb_queue) > coalesce(("
+        "   SELECT o.option_value::float8 FROM pg_options_to_table(c.reloptions) AS o"
+        "   WHERE o.option_name = 'autovacuum_analyze_threshold'),"
+        "   current_setting('autovacuum_analyze_threshold')::float8)"
+        " + coalesce(("
+        "   SELECT o.option_value::float8 FROM pg_options_to_table(c.reloptions) AS o"
+        "   WHERE o.option_name = 'autovacuum_analyze_scale_factor'),"
+        "   current_setting('autovacuum_analyze_scale_factor')::float8) * greatest(c.reltuples, 0)"
+        " FROM pg_class c WHERE c.oid = 'pgmb_queue'::regclass"
+    )
+    analyzed = (
+        "SELECT coalesce(greatest(last_analyze, last_autoanalyze) > %s, false)"
+        " FROM pg_stat_user_tables WHERE relid = 'pgmb_queue'::regclass"
+    )
+    began = time.monotonic()
+    with harness.connect() as conn:
+        if not conn.execute(due).fetchone()[0]:
+            return "not due for autovacuum's analyze"
+        while time.monotonic() - began < at_most:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            if conn.execute(analyzed, (since,)).fetchone()[0]:
+                return f"analyzed by autovacuum within {time.monotonic() - began:.0f} s"
+            time.sleep(1)
+    return f"not analyzed by autovacuum within {at_most:.0f} s"
+
+
+def verify_fanout(written: Counter[str], pgmq: bool) -> list[str]:
+    """Each fan-out message delivered once to each queue of its key and to no other; PGMQ's
+    queues holding what pgbench counted."""
+    problems = []
+    with harness.connect() as conn:
+        for k in FANOUTS:
+            key = FANOUT_KEY.format(k=k)
+            (messages, wrong) = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE n <> %s OR stray > 0) FROM ("
+                " SELECT m.id, count(d.id) FILTER (WHERE q.binding_key = m.routing_key) AS n,"
+                " count(d.id) FILTER (WHERE q.binding_key <> m.routing_key) AS stray"
+                " FROM pgmb_message m LEFT JOIN pgmb_delivery d ON d.message_id = m.id"
+                " LEFT JOIN pgmb_queue q ON q.id = d.queue_id"
+                " WHERE m.routing_key = %s GROUP BY m.id) AS per_message",
+                (k, key),
+            ).fetchone()
+            reported = written[f"pgmb_fanout{k}"]
+            if messages != reported:
+                problems.append(f"{messages:,} messages of {key}, pgbench reported {reported:,}")
+            if wrong:
+                problems.append(
+                    f"{wrong:,} messages of {key} not delivered once to each of {k} queues"
+                )
+        if pgmq:
+            for n in range(1, max(FANOUTS) + 1):
+                (stored,) = conn.execute(f"SELECT count(*) FROM pgmq.q_f{n}").fetchone()
+                expected = sum(written[f"pgmq_fanout{k}"] for k in FANOUTS if k >= n)
+                if stored != expected:
+                    problems.append(
+                        f"{stored:,} PGMQ messages in f{n}, pgbench reported {expected:,}"
+                    )
+    return problems
 
 
 def verify(order_queue: str, written: Counter[str], pgmq: bool) -> list[str]:
     """bench/publish.py's routing check, and PGMQ's queue holding what pgbench counted."""
     problems = publish.verify(order_queue, written)
+    with harness.connect() as conn:
+        (limit,) = conn.execute("SELECT count(*) FROM bench_limit_delivery").fetchone()
+    if limit != written["limit"]:
+        problems.append(f"{limit:,} design-limit rows, pgbench reported {written['limit']:,}")
     if pgmq:
         with harness.connect() as conn:
             (stored,) = conn.execute(f"SELECT count(*) FROM pgmq.q_{pgmq_sql.QUEUE}").fetchone()
@@ -154,14 +279,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     began = time.monotonic()
     with harness.scratch_database(args.db, args.keep):
+        with harness.connect() as conn:
+            (set_up_at,) = conn.execute("SELECT now()").fetchone()
         order_queue = publish.set_up(0)
+        os.environ["PGMB_BENCH_ORDER_QUEUE"] = order_queue
         with_pgmq = args.pgmq_sql is not None
         if with_pgmq and (failure := pgmq_sql.load(args.pgmq_sql)):
             print(f"FAILED: PGMQ from {args.pgmq_sql} did not load: {failure}")
             return 1
+        set_up_limit_and_fanout(with_pgmq)
+        statistics = settle_queue_statistics(set_up_at)
         harness.print_machine(
             queues=f"{1 + len(publish.OTHER_BINDINGS)}, one of them "
-            f"({publish.MATCHING_BINDING}) matching every message",
+            f"({publish.MATCHING_BINDING}) matching every message; pgmb_queue {statistics}",
             pgbench=f"{pgbench_runner.version()}, {pgbench_runner.binary()}",
             pgmq=pgmq_sql.describe(args.pgmq_sql),
         )
@@ -174,9 +304,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "best against best. Server CPU: all of PostgreSQL's processes, per message (least "
             "of the runs). WAL: bytes per message (median)."
         )
-        for specs, what in ((SINGLES, "one message per transaction"), (BATCHES, "batches")):
+        groups = [(SINGLES, "one message per transaction"), (BATCHES, "batches")]
+        groups += [(fanout_specs(k), f"one message for {k} queues") for k in FANOUTS]
+        problems: list[str] = []
+        for specs, what in groups:
+            if specs is groups[2][0]:
+                # The routing check of the cases above, before fan-out adds other queues' rows.
+                problems = verify(order_queue, written, with_pgmq)
             if not with_pgmq:
-                specs = tuple(spec for spec in specs if spec.writes != "pgmq")
+                specs = tuple(spec for spec in specs if not spec.writes.startswith("pgmq"))
             for clients in (4, 1):
                 print(f"\n{what.capitalize()}, {clients} client{'s' if clients > 1 else ''}:")
                 group = tuple(_case(s, clients, seconds, server, written) for s in specs)
@@ -192,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ratio_title="vs pgmq" if with_pgmq else "vs plain",
                     also_title="vs plain" if with_pgmq else None,
                 )
-        problems = verify(order_queue, written, with_pgmq)
+        problems += verify_fanout(written, with_pgmq)
     if problems:
         print("\nROUTING CHECK FAILED:\n  " + "\n  ".join(problems))
         return 1
@@ -200,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\nrouting check: {written['pgmb']:,} pgmb messages, each delivered once to "
         f"{publish.MATCHING_BINDING} and to no other queue; "
         + (f"{written['pgmq']:,} PGMQ messages; " if with_pgmq else "")
+        + ", ".join(
+            f"{written[f'pgmb_fanout{k}']:,} pgmb messages each to {k} queues" for k in FANOUTS
+        )
+        + "; "
         + f"{written['baseline']:,} plain rows; {time.monotonic() - began:.0f} s"
     )
     return 0

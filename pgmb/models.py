@@ -28,6 +28,7 @@ from django.utils.translation import gettext_lazy as _
 from . import endpoint_policy, routing, sql
 from .errors import PgmbError
 from .ids import uuid7
+from .trigger_guard import GuardedTrigger
 from .worker_secrets import new_secret_problem
 
 
@@ -106,8 +107,15 @@ def timeout_within_lease(timeout: float, lease: float) -> bool:
     return timeout < lease
 
 
-def _trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
-    return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
+def _trigger(name: str, body: str | None = None, **kwargs: Any) -> pgtrigger.Trigger:
+    """A trigger whose function body is the query ``body`` (default: ``name``) of
+    triggers.sql."""
+    return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", body or name), **kwargs)
+
+
+def _guarded_trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
+    """A trigger that runs at every publish: pgtrigger.ignore() checked without its cost."""
+    return GuardedTrigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
 
 
 def _times_outside(*columns: str) -> str:
@@ -185,6 +193,18 @@ _BREAKER_SECONDS: list[Callable[[Any], None]] = [
     validate_positive,
     MaxValueValidator(MAX_BREAKER_SECONDS),
 ]
+
+
+#: The columns of pgmb_worker whose UPDATE runs the worker's rules: all but the token
+#: bucket (``tokens``, ``tokens_at``), which every claim writes.
+WORKER_RULED_COLUMNS = (
+    "id", "name", "endpoint", "rps", "timeout", "burst", "secret", "active", "created_at",
+    "breaker_failures", "breaker_rate", "breaker_window", "breaker_min_requests",
+    "breaker_cooldown", "breaker_cooldown_max", "breaker_state", "breaker_since",
+    "breaker_until", "breaker_reason", "breaker_streak", "breaker_trips", "breaker_probe",
+    "breaker_window_at", "breaker_requests", "breaker_failed", "breaker_prev_requests",
+    "breaker_prev_failed",
+)  # fmt: skip
 
 
 class Worker(models.Model):
@@ -306,10 +326,16 @@ class Worker(models.Model):
             ("test_worker", "Can send a test request to workers"),
         ]
         triggers = [
+            _trigger("worker_validate", when=pgtrigger.Before, operation=pgtrigger.Insert),
+            # The same rules for an UPDATE of any column but the token bucket's: every
+            # claim refills it (pgmb.claim), and the rules (or even a WHEN to skip them)
+            # would cost each claim more than the rest of its worker's part.
+            # tests/sql/test_delivery.py checks that every other column is listed.
             _trigger(
+                "worker_validate_update",
                 "worker_validate",
                 when=pgtrigger.Before,
-                operation=pgtrigger.Insert | pgtrigger.Update,
+                operation=pgtrigger.UpdateOf(*WORKER_RULED_COLUMNS),
             ),
             # Rotation for every writer (admin, ORM, SQL): a replaced secret keeps signing
             # until it expires (WorkerSecret). Only an UPDATE that changes the secret gets
@@ -656,7 +682,8 @@ class Message(models.Model):
             ("replay_message", "Can replay messages to the queues that acknowledged them")
         ]
         triggers = [
-            _trigger(
+            # Once per publishing statement: guarded (pgmb/trigger_guard.py, decision 0073).
+            _guarded_trigger(
                 "route_messages",
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,

@@ -1,5 +1,8 @@
+import pgtrigger.compiler
+import pgtrigger.migrations
 from django.db import migrations, models
 
+import pgmb.trigger_guard
 from pgmb.sql.operations import LockTables, RunMigrationSQL, RunPlpythonSQL
 
 
@@ -18,7 +21,9 @@ class Migration(migrations.Migration):
         # together, never one while waiting for another (LockTables, CONTRIBUTING.md).
         LockTables(
             "pgmb_queue",
-            # History partitioned by time: both tables are renamed and attached to new ones.
+            "pgmb_worker",
+            # Publishing: the routing trigger, reinstalled. History partitioned by time:
+            # both history tables are renamed and attached to new ones.
             "pgmb_message",
             "pgmb_attempt",
         ),
@@ -38,6 +43,73 @@ class Migration(migrations.Migration):
                 ),
             ),
         ),
+        # Publishing: the routing trigger checks pgtrigger.ignore() without a subtransaction
+        # (pgmb/trigger_guard.py, docs/decisions/0073-publishing-write-path.md). Dropped and
+        # created again in this transaction, pgmb_message locked first: no publish runs
+        # between the two, and 0.1.1's publishers find the same trigger doing the same.
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="message",
+            name="route_messages",
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="route_messages",
+                sql=pgmb.trigger_guard.GuardedUpsertTriggerSql(
+                    func="-- The statement's routing keys, bodies and headers pass their rules first (routing.sql,\n-- pgmb.message_problem): here, not as a CHECK, whose\n-- expression PostgreSQL would prepare again for every INSERT; this statement is planned once\n-- per session.\nPERFORM pgmb.refuse_message(m.id, m.routing_key, m.body, m.headers) FROM new_messages AS m\nWHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.body, m.headers)) LIMIT 1;\n-- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for\n-- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications\n-- in a transaction are merged).\n-- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.\nINSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,\n                           priority, group_key, depends_on)\nSELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,\n       m.depends_on\n-- Each message's place in the statement: deliveries are inserted in publish order, which\n-- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return\n-- them in any order.\nFROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,\n             n.depends_on, n.dedup_id, row_number() OVER () AS place\n      FROM new_messages AS n) AS m\n-- The queues of each distinct key, decided once per key: a batch's messages mostly\n-- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which\n-- would compute the key's tags and test the queues once per message again.\nJOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern\n      FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k\n      -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step\n      -- of its own, where inlined into the join condition a scan of a few queues would\n      -- compute them once per queue.\n      CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t\n      -- Only a queue whose binding's tags are all tags of the key can match, so few queues\n      -- reach the regex (PostgreSQL caches only 32 compiled regexes per backend; past that\n      -- every match compiles its pattern again). With many queues the first test is a\n      -- lookup in the GIN index pgmb_queue_binding_tags. With a few, scanned, the CASE\n      -- makes the cheap test run first: the regex alone needs only k and q, and the planner\n      -- would otherwise run it on every pair before joining t.\n      JOIN pgmb_queue AS q\n        ON q.binding_tags <@ t.tags\n       AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END\n      OFFSET 0) AS r ON r.routing_key = m.routing_key\n-- Not to a queue for which the message is a duplicate (pgmb.admit_message dropped those\n-- that duplicate for every queue): one published before it, not later in this statement.\nWHERE m.dedup_id IS NULL OR r.dedup_window = 0 OR NOT EXISTS (\n    SELECT FROM pgmb.duplicated(r.dedup_window, r.pattern, m.id, m.dedup_id, m.created_at) AS x(id)\n    WHERE NOT EXISTS (SELECT FROM (SELECT l.id, row_number() OVER () AS place FROM new_messages AS l) AS later\n                      WHERE later.id = x.id AND later.place > m.place))\nORDER BY m.place;\nIF FOUND THEN\n    PERFORM pgmb.wake_dispatchers();\nEND IF;\nRETURN NULL;",
+                    hash="8b6fc412db83bdbbfdad94052fa0d3fb5dcb6ee0",
+                    level="STATEMENT",
+                    operation="INSERT",
+                    pgid="pgtrigger_route_messages_110b5",
+                    referencing="REFERENCING NEW TABLE AS new_messages ",
+                    table="pgmb_message",
+                    when="AFTER",
+                ),
+            ),
+        ),
         RunMigrationSQL("0003_release_0_2_0"),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),
+        # A claim's refill of the token bucket runs no worker rules
+        # (docs/decisions/0078-a-claim-plans-once-and-pays-no-worker-rules.md): the BEFORE
+        # INSERT OR UPDATE trigger becomes one for INSERT and one for an UPDATE OF any
+        # column but the bucket's, both running the same rules. After the SQL, so that
+        # migrating back drops these triggers before the .down.sql drops the function
+        # django-pgtrigger leaves behind.
+        pgtrigger.migrations.RemoveTrigger(model_name="worker", name="worker_validate"),
+        pgtrigger.migrations.AddTrigger(
+            model_name="worker",
+            trigger=pgtrigger.compiler.Trigger(
+                name="worker_validate",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RETURN pgmb.prepare_worker(NEW);",
+                    hash="52b102380049e28c3efdfde410b408e06da5d4ce",
+                    operation="INSERT",
+                    pgid="pgtrigger_worker_validate_2c011",
+                    table="pgmb_worker",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="worker",
+            trigger=pgtrigger.compiler.Trigger(
+                name="worker_validate_update",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RETURN pgmb.prepare_worker(NEW);",
+                    hash="1c261d3a6d9e64e7afb4bf66837678b8a4d0b267",
+                    operation=(
+                        'UPDATE OF "id", "name", "endpoint", "rps", "timeout", "burst", '
+                        '"secret", "active", "created_at", "breaker_failures", "breaker_rate", '
+                        '"breaker_window", "breaker_min_requests", "breaker_cooldown", '
+                        '"breaker_cooldown_max", "breaker_state", "breaker_since", '
+                        '"breaker_until", "breaker_reason", "breaker_streak", "breaker_trips", '
+                        '"breaker_probe", "breaker_window_at", "breaker_requests", '
+                        '"breaker_failed", "breaker_prev_requests", "breaker_prev_failed"'
+                    ),
+                    pgid="pgtrigger_worker_validate_update_3bb89",
+                    table="pgmb_worker",
+                    when="BEFORE",
+                ),
+            ),
+        ),
     ]

@@ -198,6 +198,23 @@ def test_the_loop_delivers_over_kept_connections(
     received = recording_server.requests
     assert sorted(r.json() for r in received) == list(range(30))
     assert Attempt.objects.filter(outcome="ack").count() == 30
-    if transport == "plpython3u":  # the http stand-in connects anew for each request
+    if transport == "plpython3u":
         # One connection a request in a window (8 at most), kept for the next windows.
         assert len({r.peer for r in received}) <= 8
+    else:  # the loop turns http.keepalive on in its session: one connection, kept
+        assert {r.headers["Connection"].lower() for r in received} == {"keep-alive"}
+        assert len({r.peer for r in received}) == 1
+
+
+def test_an_answer_the_loop_does_not_follow_is_its_outcome(
+    transport, dispatch_until, recording_server, make_worker, make_queue
+):
+    # 304 is followed by no transport (pgsql-http follows the other redirects itself): its
+    # Location is read from the answer's headers into the outcome.
+    recording_server.respond(reply(304, headers={"Location": "http://elsewhere/"}))
+    make_queue("k", worker=make_worker(endpoint=recording_server.url()), max_retries=0)
+    pgmb.send("k", {})
+    dispatch_until(lambda: DeadLetter.objects.exists(), "the dead letter")
+    dead = DeadLetter.objects.get()
+    assert dead.last_status == 304
+    assert dead.last_error.startswith("HTTP 304 redirect to http://elsewhere/ (not followed)")

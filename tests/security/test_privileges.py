@@ -55,6 +55,7 @@ ORDER BY 1
 POSTING = [
     "SELECT * FROM pgmb.post(%(url)s, '{}', '{\"Authorization\": \"Bearer forged\"}', 5)",
     "SELECT * FROM pgmb.post_via_http(%(url)s, '{}', '{}', 5)",
+    "SELECT * FROM pgmb.post_via_http_headers(%(url)s, '{}', '{}', 5)",
     "SELECT * FROM pgmb.post_via_plpython(%(url)s, '{}', '{}', 5)",
     "SELECT * FROM pgmb.post_run_via_plpython(ARRAY[%(url)s], ARRAY['{}'], ARRAY['{}'::jsonb],"
     " ARRAY[5::float8], 1, 1000, NULL, 0, extract(epoch FROM now()) + 5)",

@@ -8,14 +8,14 @@ import uuid
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DataError, connection, transaction
 
 import pgmb
 from pgmb import deliveries
 from pgmb.db.conninfo import conninfo_from_django
 from pgmb.db.statements import arun
 from pgmb.deliveries import Failure, Success
-from pgmb.models import Attempt, DeadLetter, Delivery
+from pgmb.models import WORKER_RULED_COLUMNS, Attempt, DeadLetter, Delivery
 
 
 @pytest.fixture
@@ -74,6 +74,55 @@ def test_claim_respects_queue_names_pause_and_inactive_workers(make_worker, make
     assert {r.queue for r in claim(["qb", "qc", "qd"])} == {b.name}
     assert {r.queue for r in claim()} == {a.name}
     assert paused.deliveries.get().state == idle.deliveries.get().state == "ready"
+
+
+def test_a_claims_token_refill_runs_no_worker_rules(make_worker, make_queue, claim):
+    """The claim writes its worker's token bucket back; the worker's rules (the
+    worker_validate triggers, pgmb.prepare_worker) run for any other change only
+    (docs/decisions/0078-a-claim-plans-once-and-pays-no-worker-rules.md)."""
+    worker = make_worker(rps=10)  # a bucket of 2 (burst 0.2 s)
+    make_queue("order.*", worker=worker)
+    for n in range(3):
+        pgmb.send("order.created", {"n": n})
+    rules = "pg_stat_get_xact_function_calls('pgmb.prepare_worker(pgmb_worker)'::regprocedure)"
+    with connection.cursor() as cursor:
+        cursor.execute("SET track_functions = 'all'")
+        try:
+            assert len(claim(n=2)) == 2
+            cursor.execute(f"SELECT {rules}")
+            assert cursor.fetchone() == (None,)
+            cursor.execute(
+                "SELECT tokens_at IS NOT NULL FROM pgmb_worker WHERE id = %s", [worker.pk]
+            )
+            assert cursor.fetchone() == (True,)  # the bucket was written back
+            cursor.execute("UPDATE pgmb_worker SET rps = 20 WHERE id = %s", [worker.pk])
+            cursor.execute(f"SELECT {rules}")
+            assert cursor.fetchone() == (1,)
+            with pytest.raises(DataError, match="invalid rps 0"), transaction.atomic():
+                cursor.execute("UPDATE pgmb_worker SET rps = 0 WHERE id = %s", [worker.pk])
+        finally:
+            cursor.execute("RESET track_functions")
+
+
+def test_every_worker_column_but_the_bucket_runs_the_rules(db):
+    """The UPDATE trigger of the worker's rules lists every column of pgmb_worker but
+    the token bucket's, so that a column added later is not left unchecked."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_trigger t"
+            " JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)"
+            " WHERE t.tgrelid = 'pgmb_worker'::regclass"
+            " AND t.tgname LIKE 'pgtrigger_worker_validate_update_%'"
+        )
+        (listed,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute"
+            " WHERE attrelid = 'pgmb_worker'::regclass AND attnum > 0 AND NOT attisdropped"
+            " AND attname NOT IN ('tokens', 'tokens_at')"
+        )
+        (columns,) = cursor.fetchone()
+    assert listed == columns
+    assert sorted(columns) == sorted(WORKER_RULED_COLUMNS)
 
 
 def test_claim_is_fifo_within_a_queue(make_queue, claim):

@@ -163,35 +163,10 @@ ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
 DROP FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, integer,
                                 timestamptz, jsonb, jsonb);
 
--- ==== In-database loop: the http extension's path ====
+-- ==== In-database loop: named steps and the http extension's path ====
 
--- Before the section "In-database loop: named steps" below, which drops pgmb.loop_post as
--- that section defined it: put back here first.
-DROP FUNCTION pgmb.loop_post(pgmb.claimed, text, jsonb), pgmb.loop_headers(pgmb.claimed[]);
-
--- Step "post", one request (the http extension's way, or PL/Python's without runs): its
--- outcome. A request that cannot be built, or a call that fails rather than give an
--- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt,
--- never the endpoint's.
-CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text) RETURNS pgmb.http_outcome
-LANGUAGE plpgsql AS $$
-DECLARE
-    started timestamptz := clock_timestamp();
-    built_headers jsonb;
-BEGIN
-    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
-    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython cannot even
-    -- be planned where PL/Python is missing.
-    IF transport = 'plpython3u' THEN
-        RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
-    END IF;
-    RETURN pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
-EXCEPTION WHEN others THEN
-    RETURN ROW(NULL, 'pgmb''s own failure: '
-                     || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
-                             ELSE 'could not send the request: ' END || SQLERRM, NULL,
-               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-END $$;
+-- 0.1.1's loop, its pgmb.post_via_http and pgmb.http_outcome, and its pgmb.cron_install;
+-- then the steps and constants 0.2.0 added are dropped.
 
 -- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it.
 CREATE OR REPLACE FUNCTION pgmb.http_outcome(status integer, content text, location text, retry_after text,
@@ -235,8 +210,6 @@ EXCEPTION WHEN others THEN
     RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
                extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
 END $$;
-
--- ==== In-database loop: named steps ====
 
 -- Schedule (or re-schedule) pgmb's jobs. pg_cron >= 1.5 runs a short loop every second;
 -- 1.4 (Debian 12) has only minutes, so a per-minute job loops for 55 s.
@@ -586,17 +559,56 @@ BEGIN
     END IF;
 END $$;
 
+-- The value of the pgmb-routing-key header of a routing key, as
+-- pgmb.worker_request.routing_key_header gives it: printable ASCII but '%' as it is, every
+-- other character as the percent-encoded bytes of its UTF-8 (RFC 3986, upper-case hex), so
+-- that the header is ASCII on every path and a worker gets the key back with any URL-unquote.
+-- Most keys are all kept: one match, no copy.
+CREATE OR REPLACE FUNCTION pgmb.routing_key_header(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT CASE WHEN routing_key ~ '^[\x21-\x24\x26-\x7e]*$' THEN routing_key
+                ELSE (SELECT string_agg(CASE WHEN ch ~ '^[\x21-\x24\x26-\x7e]$' THEN ch
+                                             ELSE upper(regexp_replace(encode(convert_to(ch, 'UTF8'), 'hex'),
+                                                                       '(..)', '%\1', 'g')) END,
+                                        '' ORDER BY n)
+                      FROM regexp_split_to_table(routing_key, '') WITH ORDINALITY AS t(ch, n)) END
+$$;
+
 DROP PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome[]);
 DROP FUNCTION
     pgmb.loop_claim(text[], integer),
     pgmb.loop_reclaim(),
     pgmb.loop_beat(bigint, integer, bigint, bigint),
-    pgmb.loop_post(pgmb.claimed, text),
+    pgmb.loop_headers(pgmb.claimed[]),
+    pgmb.loop_post(pgmb.claimed, text, jsonb, text),
+    pgmb.http_header_records(jsonb[]),
+    pgmb.post_via_http_headers(text, text, text, float8),
+    pgmb.routing_key_escaped(text),
     pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz),
     pgmb.unpaced_rps(),
     pgmb.indb_heartbeat_interval(),
     pgmb.indb_reclaim_interval(),
     pgmb.indb_batch();
+
+-- ==== Claims: one plan a session ====
+
+ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_custom_plan;
+
+CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
+RETURNS text[]
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT array_remove(ARRAY[current], '') || ARRAY(
+        SELECT s.secret::text FROM pgmb_worker_secret s
+        WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
+        ORDER BY s.retired_at DESC, s.id DESC
+        LIMIT pgmb.max_retiring_secrets())
+$$;
+-- django-pgtrigger leaves a removed trigger's function behind.
+DROP FUNCTION IF EXISTS pgtrigger_worker_validate_update_3bb89();
+
+-- ==== Publishing: indexes that earn their place ====
+-- 0.1.1 left pgmb_queue to autovacuum's defaults (its statistics stay as they are).
+ALTER TABLE pgmb_queue RESET (autovacuum_analyze_threshold, autovacuum_analyze_scale_factor);
 
 -- ==== History partitioned by time ====
 

@@ -275,12 +275,18 @@ ALTER FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, i
 REVOKE EXECUTE ON FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text,
                                              integer, timestamptz, jsonb, jsonb) FROM PUBLIC;
 
--- ==== In-database loop: named steps ====
+-- ==== In-database loop: named steps and the http extension's path ====
 
 -- pgmb.dispatch_loop in named steps, its constants named once
--- (docs/decisions/0070-the-in-database-loop-in-named-steps.md). Its signature is 0.1.1's: the
--- pg_cron job 0.1.1 scheduled calls it unchanged; a loop running while this applies goes on
--- with the code it started with.
+-- (docs/decisions/0070-the-in-database-loop-in-named-steps.md), and the http extension's
+-- path made cheaper per request (docs/decisions/0072-the-http-extensions-path-per-request.md,
+-- docs/decisions/0075-the-http-extensions-path-kept-alive.md): the claim's headers built
+-- once, a request one PL/pgSQL expression, the transport's post called directly, the
+-- connection kept alive. Each object is created here once, as pgmb/sql/schema/indb.sql has
+-- it. The signature of pgmb.dispatch_loop and the arguments and results of
+-- pgmb.post_via_http, pgmb.http_outcome and pgmb.routing_key_header are 0.1.1's: the
+-- pg_cron job 0.1.1 scheduled calls the loop unchanged, and a loop running while this
+-- applies goes on with the code it started with.
 
 -- The in-database loop's constants, each named once: the SQL twin of a Python value, compared
 -- by one table of cases (tests/rules/test_loop_constants.py). IMMUTABLE SQL, so the planner
@@ -390,21 +396,150 @@ BEGIN
     outcomes := '{}';
 END $$;
 
--- Step "post", one request (the http extension's way, or PL/Python's without runs): its
--- outcome. A request that cannot be built, or a call that fails rather than give an
--- outcome, is pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt,
--- never the endpoint's.
-CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text) RETURNS pgmb.http_outcome
+-- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it. PL/pgSQL, not
+-- SQL: a SQL function that cannot be inlined (clock_timestamp() in a STABLE one) is parsed
+-- again in every subtransaction, and each request runs in one; PL/pgSQL keeps its plan.
+CREATE OR REPLACE FUNCTION pgmb.http_outcome(status integer, content text, location text, retry_after text,
+                                             started timestamptz, body_limit integer DEFAULT 500)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN ROW(status,
+               CASE WHEN status BETWEEN 200 AND 299 THEN ''
+                    ELSE trim(format('HTTP %s%s: %s', status,
+                                     CASE WHEN status BETWEEN 300 AND 399
+                                          THEN format(' redirect to %s (not followed)', coalesce(location, '?')) ELSE '' END,
+                                     left(coalesce(content, ''), body_limit))) END,
+               CASE WHEN status IN (429, 503) THEN pgmb.retry_after_seconds(retry_after) END,
+               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+END $$;
+
+-- The headers of requests as pgsql-http takes them: for each jsonb object of headers, the
+-- text of an http_header[] (field, value), Content-Type left out (pgsql-http sets it from
+-- the request's content_type). Text, not http_header[], so that this file installs without
+-- the extension; NULL headers are none, an element that is neither NULL nor an object is
+-- NULL. One statement for a claim's requests (pgmb.dispatch_loop), or one request's
+-- (pgmb.post_via_http). PL/pgSQL, not SQL: a SQL function it cannot inline is parsed and
+-- planned again in every subtransaction it is called in (pgmb.loop_post's, a request).
+CREATE OR REPLACE FUNCTION pgmb.http_header_records(headers jsonb[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT CASE WHEN h.h IS NULL OR jsonb_typeof(h.h) = 'object' THEN (
+                   SELECT coalesce(array_agg(ROW(e.k, e.v)), '{}')::text
+                   FROM jsonb_each_text(h.h) AS e(k, v) WHERE lower(e.k) <> 'content-type') END
+        FROM unnest(headers) WITH ORDINALITY AS h(h, n)
+        ORDER BY h.n);
+END $$;
+
+-- Its generic plan from the first call: a custom plan, made at every call, cost more than
+-- the statement itself (the estimate of a one-element array always favoured one).
+ALTER FUNCTION pgmb.http_header_records(jsonb[]) SET plan_cache_mode = force_generic_plan;
+
+-- POST through pgsql-http, the headers given as pgmb.http_header_records makes them. The
+-- call is one expression, which PL/pgSQL evaluates without starting an executor (a
+-- statement's would cost about half as much as pgsql-http's own work on a kept
+-- connection), its answer kept in a record: PL/pgSQL resolves http() and its types when
+-- the expression first runs, so this file installs without the extension. pgsql-http
+-- follows redirects itself (up to 5) and has no option to stop it. Its curl options last
+-- for the session, whatever becomes of the transaction: the timeout is set only when it
+-- differs from the one this session last set (pgmb.http_timeout_ms; a rollback forgets
+-- it, so it is then set again, never left stale). A fault of the request (refused, timed
+-- out, no answer) is its outcome.
+CREATE OR REPLACE FUNCTION pgmb.post_via_http_headers(url text, body text, header_records text, timeout float8)
+RETURNS pgmb.http_outcome
 LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz := clock_timestamp();
-    built_headers jsonb;
+    -- Outside the subtransaction: a timeout no client takes is pgmb's own fault (the
+    -- caller's), not the request's.
+    timeout_ms text := ceil(timeout * 1000)::bigint::text;
+    answer record;
+    answer_location text;
+    answer_retry_after text;
 BEGIN
-    built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
-    -- Two statements, not one CASE: an expression naming pgmb.post_via_plpython cannot even
-    -- be planned where PL/Python is missing.
+    BEGIN
+        IF current_setting('pgmb.http_timeout_ms', true) IS DISTINCT FROM timeout_ms THEN
+            PERFORM http_set_curlopt('CURLOPT_TIMEOUT_MS', timeout_ms);
+            PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
+        END IF;
+        answer := http(ROW('POST', url, header_records::http_header[], 'application/json', body)::http_request);
+        -- The answer's headers are looked through only when its outcome reads them.
+        IF answer.status BETWEEN 300 AND 399 THEN
+            SELECT h.value INTO answer_location
+            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'location' LIMIT 1;
+        ELSIF answer.status IN (429, 503) THEN
+            SELECT h.value INTO answer_retry_after
+            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1;
+        END IF;
+    EXCEPTION WHEN others THEN
+        RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
+                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+    END;
+    -- Outside the subtransaction, which need only cover the call.
+    RETURN pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
+END $$;
+
+-- POST through pgsql-http, the headers a jsonb object (pgmb.post's arguments, 0.1.1's).
+CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+    header_records text;
+BEGIN
+    BEGIN
+        header_records := (pgmb.http_header_records(ARRAY[headers]))[1];
+        IF header_records IS NULL THEN
+            RAISE EXCEPTION 'the headers are not a JSON object: %', left(headers::text, 100);
+        END IF;
+    EXCEPTION WHEN others THEN
+        RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
+                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+    END;
+    RETURN pgmb.post_via_http_headers(url, body, header_records, timeout);
+END $$;
+
+-- Step "headers": the headers of every claimed row, built in one statement
+-- (pgmb.run_headers, as a run builds its own); NULL when one row's cannot be built (a secret
+-- stored before the rules refused it, say): then each row builds its own when posted, and
+-- the faulty row's fault is its outcome.
+CREATE OR REPLACE FUNCTION pgmb.loop_headers(claimed pgmb.claimed[]) RETURNS jsonb[]
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pgmb.run_headers(claimed, extract(epoch FROM now())::bigint);
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
+
+-- Step "post", one request (the http extension's way, or PL/Python's without runs): its
+-- outcome. built_headers are the request's headers from the claim's "headers" step (NULL:
+-- built here); header_records the same as pgsql-http takes them (pgmb.http_header_records;
+-- NULL: made here). transport is the claim's (pgmb.http_transport, looked up once a claim with
+-- the endpoint policy that allows the http extension): its post is called directly. A
+-- request that cannot be built, or a call that fails rather than give an outcome, is
+-- pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt, never the
+-- endpoint's.
+CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text, built_headers jsonb,
+                                          header_records text)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+BEGIN
+    IF built_headers IS NULL THEN
+        built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
+    END IF;
+    -- One statement each, not one CASE: an expression naming pgmb.post_via_plpython cannot
+    -- even be planned where PL/Python is missing.
     IF transport = 'plpython3u' THEN
         RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
+    END IF;
+    IF transport = 'http' AND header_records IS NOT NULL THEN
+        RETURN pgmb.post_via_http_headers(c.endpoint, c.body, header_records, c.timeout);
+    END IF;
+    IF transport = 'http' THEN
+        RETURN pgmb.post_via_http(c.endpoint, c.body, built_headers, c.timeout);
     END IF;
     RETURN pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
 EXCEPTION WHEN others THEN
@@ -527,330 +662,10 @@ DECLARE
     claimed_at timestamptz;
     transport text;
     runs boolean;
-    -- Whether a run must look for paced rows that end it (most claims have none).
-    paced boolean;
-    i integer;
-    c pgmb.claimed;
-    -- Pacing: when each paced worker may next be posted to (seconds since the epoch).
-    next_post jsonb := '{}';
-    wait float8;
-    -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
-    marked integer;
-    -- Seconds since the claim began.
-    waited float8;
-    -- What was just posted (a run, or one request): its rows, their outcomes, how many were
-    -- 2xx, when the first ended; when the one request began.
-    started timestamptz;
-    posted_ok integer;
-    posted_ids bigint[];
-    posted_leases uuid[];
-    posted_outcomes pgmb.http_outcome[];
-    first_finished timestamptz;
-    -- The outcomes not yet recorded, since when, and how long the last request took (the
-    -- guess for the next one).
-    done_ids bigint[] := '{}';
-    done_leases uuid[] := '{}';
-    done_outcomes pgmb.http_outcome[] := '{}';
-    pending_since timestamptz;
-    last_post_ms float8 := 0;
-BEGIN
-    -- Read first: a bad setting stops the loop before it writes anything.
-    SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
-    IF pgmb.http_transport() IS NULL THEN
-        PERFORM pgmb.no_transport();
-    END IF;
-    -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
-    BEGIN
-        me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
-                                    pg_backend_pid(), queue_names);
-    EXCEPTION WHEN others THEN
-        RAISE WARNING 'pgmb: could not register the dispatcher: %', SQLERRM;
-    END;
-    WHILE clock_timestamp() < deadline LOOP
-        EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
-        IF clock_timestamp() >= next_beat THEN
-            next_beat := pgmb.loop_beat(me, 0, delivered, failed);
-        END IF;
-        IF clock_timestamp() >= next_reclaim THEN
-            next_reclaim := pgmb.loop_reclaim();
-        END IF;
-        claimed_at := clock_timestamp();
-        claimed := pgmb.loop_claim(queue_names, batch);
-        IF claimed IS NULL THEN
-            -- Nothing waits for a sleep: the outcomes kept so far are committed first.
-            CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-            COMMIT;
-            wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
-                          extract(epoch FROM deadline - clock_timestamp()));
-            COMMIT;
-            PERFORM pg_sleep(greatest(wait, 0.005));
-            CONTINUE;
-        END IF;
-        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
-        -- Runs need pgmb.post_run_via_plpython, which a database given PL/Python by hand may
-        -- lack: then one request at a time.
-        transport := pgmb.http_transport();
-        runs := transport = 'plpython3u'
-                AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
-                                    'float8, float8, float8, float8)') IS NOT NULL;
-        SELECT coalesce(bool_or(x.rps < pgmb.unpaced_rps()), false) INTO paced FROM unnest(claimed) AS x;
-        i := 1;
-        WHILE i <= cardinality(claimed) LOOP
-            c := claimed[i];
-            IF clock_timestamp() >= deadline THEN
-                -- Out of time: hand back what was not posted, unattempted.
-                PERFORM pgmb.release(ARRAY(SELECT x.delivery_id FROM unnest(claimed[i:]) AS x),
-                                     ARRAY(SELECT x.lease_id FROM unnest(claimed[i:]) AS x));
-                EXIT;
-            END IF;
-            -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
-            wait := 0;
-            IF c.rps < pgmb.unpaced_rps() AND next_post ? c.worker_id::text THEN
-                wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
-            END IF;
-            -- A COMMIT before this request: the claim's (the first of a claim), before and
-            -- after a pacing wait (nothing waits for a sleep), or the batch's, once it is
-            -- full or its oldest outcome would wait too long. This request's start mark
-            -- goes with it.
-            marked := NULL;
-            IF i = 1 OR wait > 0
-               OR cardinality(done_ids) >= commit_every
-               OR (cardinality(done_ids) > 0
-                   AND extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms >= commit_ms) THEN
-                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-                IF wait > 0 THEN
-                    COMMIT;
-                    PERFORM pg_sleep(wait);
-                END IF;
-                -- A failed mark does not hold the request back: its expiry would then be
-                -- forgiven (up to twice), as after a crash within a batch.
-                BEGIN
-                    marked := pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
-                EXCEPTION WHEN others THEN
-                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
-                END;
-                COMMIT;
-            END IF;
-            -- A request ends within its lease (docs/decisions/0040-a-request-ends-within-its-lease.md):
-            -- posted only if it can end before its lease runs out, reckoned from before the
-            -- claim, as pgmb_dispatch does (where a lease stored before that rule is not
-            -- longer than the timeout, a request that waited under a quarter of it goes). A
-            -- later one is handed back unattempted, with the outcomes kept so far, so that no
-            -- other dispatcher posts it while this one does. A start mark refused (0: the
-            -- lease is no longer this claim's, reclaimed after it ran out) is not posted either.
-            -- In seconds, not intervals: a timeout or lease stored before the rules may be
-            -- past what an interval holds.
-            waited := extract(epoch FROM clock_timestamp() - claimed_at);
-            IF marked = 0
-               OR (waited + c.timeout >= c.lease_seconds
-                   AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
-                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-                IF marked IS DISTINCT FROM 0 THEN
-                    PERFORM pgmb.release(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
-                END IF;
-                COMMIT;
-                i := i + 1;
-                CONTINUE;
-            END IF;
-            -- Post: a run from this row, or this one request.
-            posted_outcomes := NULL;
-            IF runs AND c.rps >= pgmb.unpaced_rps() THEN
-                SELECT r.delivery_ids, r.lease_ids, r.outcomes, r.first_finished, r.last_ms, r.ok
-                INTO posted_ids, posted_leases, posted_outcomes, first_finished, last_post_ms, posted_ok
-                FROM pgmb.loop_post_run(claimed, i, paced, claimed_at, commit_every - cardinality(done_ids),
-                                        commit_ms, CASE WHEN cardinality(done_ids) > 0 THEN pending_since END,
-                                        last_post_ms, deadline) AS r;
-            END IF;
-            IF posted_outcomes IS NULL THEN
-                IF c.rps < pgmb.unpaced_rps() THEN
-                    next_post := next_post || jsonb_build_object(c.worker_id::text,
-                                                                 extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
-                END IF;
-                started := clock_timestamp();
-                posted_outcomes := ARRAY[pgmb.loop_post(c, transport)];
-                first_finished := clock_timestamp();
-                last_post_ms := extract(epoch FROM first_finished - started) * 1000;
-                posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;
-                posted_ids := ARRAY[c.delivery_id];
-                posted_leases := ARRAY[c.lease_id];
-            END IF;
-            -- Keep the outcomes for the next "record".
-            IF cardinality(done_ids) = 0 THEN
-                pending_since := first_finished;
-            END IF;
-            done_ids := done_ids || posted_ids;
-            done_leases := done_leases || posted_leases;
-            done_outcomes := done_outcomes || posted_outcomes;
-            delivered := delivered + posted_ok;
-            failed := failed + cardinality(posted_outcomes) - posted_ok;
-            i := i + cardinality(posted_outcomes);
-            IF clock_timestamp() >= next_beat THEN
-                next_beat := pgmb.loop_beat(me, cardinality(claimed) - i + 1, delivered, failed);
-            END IF;
-        END LOOP;
-    END LOOP;
-    -- The last outcomes, committed with the CALL.
-    CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-    IF me IS NOT NULL THEN
-        BEGIN
-            PERFORM pgmb.dispatcher_stop(me, delivered, failed);
-        EXCEPTION WHEN others THEN
-            RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
-        END;
-    END IF;
-END $$;
-
--- Closed, as every function of pgmb's but the reviewed list (access.sql).
-REVOKE EXECUTE ON FUNCTION
-    pgmb.unpaced_rps(),
-    pgmb.indb_heartbeat_interval(),
-    pgmb.indb_reclaim_interval(),
-    pgmb.indb_batch(),
-    pgmb.loop_claim(text[], integer),
-    pgmb.loop_reclaim(),
-    pgmb.loop_beat(bigint, integer, bigint, bigint),
-    pgmb.loop_post(pgmb.claimed, text),
-    pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz)
-FROM PUBLIC;
-REVOKE EXECUTE ON PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome[]) FROM PUBLIC;
-
--- ==== In-database loop: the http extension's path ====
-
--- The http extension's path made cheaper per request
--- (docs/decisions/0072-the-http-extensions-path-per-request.md): the claim's headers built
--- once, pgmb.post_via_http in static SQL, the transport's post called directly. The
--- arguments and results of pgmb.post_via_http and pgmb.http_outcome are 0.1.1's.
-
-DROP FUNCTION pgmb.loop_post(pgmb.claimed, text);
-
--- The outcome of an HTTP answer, as pgmb/dispatch/client.py classifies it. PL/pgSQL, not
--- SQL: a SQL function that cannot be inlined (clock_timestamp() in a STABLE one) is parsed
--- again in every subtransaction, and each request runs in one; PL/pgSQL keeps its plan.
-CREATE OR REPLACE FUNCTION pgmb.http_outcome(status integer, content text, location text, retry_after text,
-                                             started timestamptz, body_limit integer DEFAULT 500)
-RETURNS pgmb.http_outcome
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN ROW(status,
-               CASE WHEN status BETWEEN 200 AND 299 THEN ''
-                    ELSE trim(format('HTTP %s%s: %s', status,
-                                     CASE WHEN status BETWEEN 300 AND 399
-                                          THEN format(' redirect to %s (not followed)', coalesce(location, '?')) ELSE '' END,
-                                     left(coalesce(content, ''), body_limit))) END,
-               CASE WHEN status IN (429, 503) THEN pgmb.retry_after_seconds(retry_after) END,
-               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-END $$;
-
--- POST through pgsql-http. Static SQL, planned once a session: PL/pgSQL resolves http()
--- and its types when the statement first runs, so this file installs without the
--- extension. pgsql-http follows redirects itself (up to 5) and has no option to stop it.
--- Its curl options last for the session, whatever becomes of the transaction: the timeout
--- is set only when it differs from the one this session last set (pgmb.http_timeout_ms; a
--- rollback forgets it, so it is then set again, never left stale).
-CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
-RETURNS pgmb.http_outcome
-LANGUAGE plpgsql AS $$
-DECLARE
-    started timestamptz := clock_timestamp();
-    timeout_ms text := ceil(timeout * 1000)::bigint::text;
-    answer_status integer;
-    answer_content text;
-    answer_location text;
-    answer_retry_after text;
-BEGIN
-    BEGIN
-        IF current_setting('pgmb.http_timeout_ms', true) IS DISTINCT FROM timeout_ms THEN
-            PERFORM http_set_curlopt('CURLOPT_TIMEOUT_MS', timeout_ms);
-            PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
-        END IF;
-        SELECT (r).status, (r).content,
-               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'location' LIMIT 1),
-               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1)
-        INTO answer_status, answer_content, answer_location, answer_retry_after
-        FROM (SELECT http(('POST', url,
-                           (SELECT coalesce(array_agg(ROW(e.k, e.v)::http_header), '{}')
-                            FROM jsonb_each_text(headers) AS e(k, v) WHERE lower(e.k) <> 'content-type'),
-                           'application/json', body)::http_request) AS r) AS response;
-    EXCEPTION WHEN others THEN
-        RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
-                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-    END;
-    -- Outside the subtransaction, which need only cover the call.
-    RETURN pgmb.http_outcome(answer_status, answer_content, answer_location, answer_retry_after, started);
-END $$;
-
--- Step "headers": the headers of every claimed row, built in one statement
--- (pgmb.run_headers, as a run builds its own); NULL when one row's cannot be built (a secret
--- stored before the rules refused it, say): then each row builds its own when posted, and
--- the faulty row's fault is its outcome.
-CREATE OR REPLACE FUNCTION pgmb.loop_headers(claimed pgmb.claimed[]) RETURNS jsonb[]
-LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN pgmb.run_headers(claimed, extract(epoch FROM now())::bigint);
-EXCEPTION WHEN others THEN
-    RETURN NULL;
-END $$;
-
--- Step "post", one request (the http extension's way, or PL/Python's without runs): its
--- outcome. built_headers are the request's headers from the claim's "headers" step (NULL:
--- built here). transport is the claim's (pgmb.http_transport, looked up once a claim with
--- the endpoint policy that allows the http extension): its post is called directly. A
--- request that cannot be built, or a call that fails rather than give an outcome, is
--- pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt, never the
--- endpoint's.
-CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text, built_headers jsonb)
-RETURNS pgmb.http_outcome
-LANGUAGE plpgsql AS $$
-DECLARE
-    started timestamptz := clock_timestamp();
-BEGIN
-    IF built_headers IS NULL THEN
-        built_headers := pgmb.request_headers(c, extract(epoch FROM now())::bigint);
-    END IF;
-    -- One statement each, not one CASE: an expression naming pgmb.post_via_plpython cannot
-    -- even be planned where PL/Python is missing.
-    IF transport = 'plpython3u' THEN
-        RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
-    END IF;
-    IF transport = 'http' THEN
-        RETURN pgmb.post_via_http(c.endpoint, c.body, built_headers, c.timeout);
-    END IF;
-    RETURN pgmb.post(c.endpoint, c.body, built_headers, c.timeout);
-EXCEPTION WHEN others THEN
-    RETURN ROW(NULL, 'pgmb''s own failure: '
-                     || CASE WHEN built_headers IS NULL THEN 'could not build the request: '
-                             ELSE 'could not send the request: ' END || SQLERRM, NULL,
-               extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-END $$;
-
--- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
--- batches, committing between them (pg_cron runs it as a job, as_job). With the PL/Python
--- transport a batch's requests to one worker go out as runs (pgmb.post_run_via_plpython);
--- with the http extension one at a time. Outcomes are written in batches (pgmb.record_outcomes)
--- within the bounds of pgmb.indb_commit_bounds. Its steps are the pgmb.loop_* routines above,
--- each written once (docs/decisions/0070-the-in-database-loop-in-named-steps.md); what
--- stays here is what runs per request (a call costs there) and the COMMITs, which only a
--- procedure may make. A fault in one request is that delivery's outcome, never the loop's end.
-CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT pgmb.indb_batch(),
-                                    queue_names text[] DEFAULT NULL, as_job boolean DEFAULT false)
-LANGUAGE plpgsql AS $$
-DECLARE
-    commit_every integer;
-    commit_ms float8;
-    deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
-    next_reclaim timestamptz := clock_timestamp();
-    me bigint;
-    next_beat timestamptz := clock_timestamp() + pgmb.indb_heartbeat_interval();
-    delivered bigint := 0;
-    failed bigint := 0;
-    -- The claim, when it began (its leases run out lease_seconds after, or a little later),
-    -- how it is posted, and row i, the next to post.
-    claimed pgmb.claimed[];
-    claimed_at timestamptz;
-    transport text;
-    runs boolean;
-    -- The claim's headers, row by row (NULL: each row builds its own).
+    -- The claim's headers, row by row (NULL: each row builds its own), and the same as
+    -- pgsql-http takes them (the http extension's way).
     claim_headers jsonb[];
+    claim_header_records text[];
     -- Whether a run must look for paced rows that end it (most claims have none).
     paced boolean;
     i integer;
@@ -877,12 +692,21 @@ DECLARE
     done_outcomes pgmb.http_outcome[] := '{}';
     pending_since timestamptz;
     last_post_ms float8 := 0;
+    -- The session's http.keepalive as the loop found it (NULL or '': not set).
+    keepalive_was text := current_setting('http.keepalive', true);
 BEGIN
     -- Read first: a bad setting stops the loop before it writes anything.
     SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
     IF pgmb.http_transport() IS NULL THEN
         PERFORM pgmb.no_transport();
     END IF;
+    -- pgsql-http keeps its connection between two requests only with http.keepalive on;
+    -- otherwise each request connects anew (sending "Connection: close") and its curl
+    -- handle is thrown away. On for the loop's session, committed with the first claim;
+    -- set whatever the transport, as the http extension may be created while the loop runs
+    -- (without it, it is a setting nothing reads). Put back as found when the loop ends
+    -- (docs/decisions/0075-the-http-extensions-path-kept-alive.md).
+    PERFORM set_config('http.keepalive', 'on', false);
     -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
     BEGIN
         me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
@@ -921,6 +745,7 @@ BEGIN
         -- One request at a time: the headers of the whole claim in one statement (a run
         -- builds its own).
         claim_headers := CASE WHEN NOT runs THEN pgmb.loop_headers(claimed) END;
+        claim_header_records := CASE WHEN transport = 'http' THEN pgmb.http_header_records(claim_headers) END;
         i := 1;
         WHILE i <= cardinality(claimed) LOOP
             c := claimed[i];
@@ -996,8 +821,9 @@ BEGIN
                 started := clock_timestamp();
                 -- A paced row builds its headers when posted: its signature's time is then
                 -- its request's, however long it waited.
-                posted_outcomes := ARRAY[pgmb.loop_post(c, transport,
-                                                        CASE WHEN c.rps >= pgmb.unpaced_rps() THEN claim_headers[i] END)];
+                posted_outcomes := ARRAY[CASE WHEN c.rps >= pgmb.unpaced_rps()
+                                              THEN pgmb.loop_post(c, transport, claim_headers[i], claim_header_records[i])
+                                              ELSE pgmb.loop_post(c, transport, NULL, NULL) END];
                 first_finished := clock_timestamp();
                 last_post_ms := extract(epoch FROM first_finished - started) * 1000;
                 posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;
@@ -1028,13 +854,84 @@ BEGIN
             RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
         END;
     END IF;
+    -- RESET, not '': pgsql-http keeps connections whenever the setting has any value.
+    IF coalesce(keepalive_was, '') = '' THEN
+        RESET http.keepalive;
+    ELSE
+        PERFORM set_config('http.keepalive', keepalive_was, false);
+    END IF;
 END $$;
+
+-- A routing key with a character pgmb.routing_key_header does not keep, percent-encoded.
+CREATE OR REPLACE FUNCTION pgmb.routing_key_escaped(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT string_agg(CASE WHEN ch ~ '^[\x21-\x24\x26-\x7e]$' THEN ch
+                           ELSE upper(regexp_replace(encode(convert_to(ch, 'UTF8'), 'hex'),
+                                                     '(..)', '%\1', 'g')) END,
+                      '' ORDER BY n)
+    FROM regexp_split_to_table(routing_key, '') WITH ORDINALITY AS t(ch, n)
+$$;
+
+-- The value of the pgmb-routing-key header of a routing key, as
+-- pgmb.worker_request.routing_key_header gives it: printable ASCII but '%' as it is, every
+-- other character as the percent-encoded bytes of its UTF-8 (RFC 3986, upper-case hex), so
+-- that the header is ASCII on every path and a worker gets the key back with any URL-unquote.
+-- Most keys are all kept: one match, no copy. One expression without a subquery and not
+-- STRICT (a NULL key is NULL through pgmb.routing_key_escaped), so that the planner inlines
+-- it into the statement that builds a claim's headers: a call of a SQL function it cannot
+-- inline cost about 17 µs a request, the inlined match about 1.
+CREATE OR REPLACE FUNCTION pgmb.routing_key_header(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN routing_key ~ '^[\x21-\x24\x26-\x7e]*$' THEN routing_key
+                ELSE pgmb.routing_key_escaped(routing_key) END
+$$;
 
 -- Closed, as every function of pgmb's but the reviewed list (access.sql).
 REVOKE EXECUTE ON FUNCTION
+    pgmb.unpaced_rps(),
+    pgmb.indb_heartbeat_interval(),
+    pgmb.indb_reclaim_interval(),
+    pgmb.indb_batch(),
+    pgmb.loop_claim(text[], integer),
+    pgmb.loop_reclaim(),
+    pgmb.loop_beat(bigint, integer, bigint, bigint),
     pgmb.loop_headers(pgmb.claimed[]),
-    pgmb.loop_post(pgmb.claimed, text, jsonb)
+    pgmb.loop_post(pgmb.claimed, text, jsonb, text),
+    pgmb.http_header_records(jsonb[]),
+    pgmb.post_via_http_headers(text, text, text, float8),
+    pgmb.routing_key_escaped(text),
+    pgmb.loop_post_run(pgmb.claimed[], integer, boolean, timestamptz, integer, float8, timestamptz, float8, timestamptz)
 FROM PUBLIC;
+REVOKE EXECUTE ON PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome[]) FROM PUBLIC;
+
+-- ==== Claims: one plan a session ====
+
+-- The claim's statements have one plan whatever the statistics say (their other scans and
+-- sorts are off): kept for the session instead of planned at every call (deliveries.sql).
+ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_generic_plan;
+
+-- PL/pgSQL, so that its query is planned once a session, not at every claim (routing.sql).
+CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
+RETURNS text[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN array_remove(ARRAY[current], '') || ARRAY(
+        SELECT s.secret::text FROM pgmb_worker_secret s
+        WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
+        ORDER BY s.retired_at DESC, s.id DESC
+        LIMIT pgmb.max_retiring_secrets());
+END $$;
+
+-- ==== Publishing: indexes that earn their place ====
+-- The routing trigger's plan follows pgmb_queue's statistics (tables.sql,
+-- docs/decisions/0073-publishing-write-path.md): analyzed by autovacuum after any change,
+-- and now, so that a few queues are scanned, not looked up through the GIN index. Every
+-- index of pgmb_message and pgmb_delivery stays (the decision says what each costs and
+-- which read it serves). The routing trigger itself is reinstalled by the Django
+-- operations of 0003_release_0_2_0.py (pgmb/trigger_guard.py).
+ALTER TABLE pgmb_queue SET (autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0);
+ANALYZE pgmb_queue;
+
 
 -- ==== History partitioned by time ====
 

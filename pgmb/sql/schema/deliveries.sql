@@ -72,15 +72,19 @@ END $$;
 
 -- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
 -- first (priority, due time, publish order), within each worker's rate limit and circuit
--- breaker; counts the attempt. The hot statements of the claim, pgmb.start, pgmb.ack and
--- pgmb.settle_failures are planned at every call (plan_cache_mode), with the scans that an
--- estimate could pick over a queue's index turned off: a plan cached for an empty queue, or
--- made from stale statistics, would otherwise read the whole table. Rows are found through
--- the primary key (id = ANY (...)), and the claim picks into an array first and returns its
--- rows in the order picked.
+-- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
+-- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
+-- pages), a plan would otherwise read the whole table. Rows are found through the primary
+-- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
+-- order picked. With those scans and sorts off, each of the claim's statements has one
+-- plan whatever the statistics say, so the claim keeps one generic plan a session
+-- (plan_cache_mode): planned at every call, it would spend half its CPU planning, and a
+-- claim of one row (a dispatcher woken by one message) is what the latency of a delivery
+-- waits for. The others are planned at every call (they take many rows at a time).
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
     SET enable_sort = off
     AS $$
 DECLARE

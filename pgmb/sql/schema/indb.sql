@@ -113,20 +113,47 @@ LANGUAGE sql STABLE AS $$
                      FROM pgmb.endpoint_policy AS p), true)
 $$;
 
--- POST through pgsql-http. Static SQL, planned once a session: PL/pgSQL resolves http()
--- and its types when the statement first runs, so this file installs without the
--- extension. pgsql-http follows redirects itself (up to 5) and has no option to stop it.
--- Its curl options last for the session, whatever becomes of the transaction: the timeout
--- is set only when it differs from the one this session last set (pgmb.http_timeout_ms; a
--- rollback forgets it, so it is then set again, never left stale).
-CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
+-- The headers of requests as pgsql-http takes them: for each jsonb object of headers, the
+-- text of an http_header[] (field, value), Content-Type left out (pgsql-http sets it from
+-- the request's content_type). Text, not http_header[], so that this file installs without
+-- the extension; NULL headers are none, an element that is neither NULL nor an object is
+-- NULL. One statement for a claim's requests (pgmb.dispatch_loop), or one request's
+-- (pgmb.post_via_http). PL/pgSQL, not SQL: a SQL function it cannot inline is parsed and
+-- planned again in every subtransaction it is called in (pgmb.loop_post's, a request).
+CREATE OR REPLACE FUNCTION pgmb.http_header_records(headers jsonb[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT CASE WHEN h.h IS NULL OR jsonb_typeof(h.h) = 'object' THEN (
+                   SELECT coalesce(array_agg(ROW(e.k, e.v)), '{}')::text
+                   FROM jsonb_each_text(h.h) AS e(k, v) WHERE lower(e.k) <> 'content-type') END
+        FROM unnest(headers) WITH ORDINALITY AS h(h, n)
+        ORDER BY h.n);
+END $$;
+
+-- Its generic plan from the first call: a custom plan, made at every call, cost more than
+-- the statement itself (the estimate of a one-element array always favoured one).
+ALTER FUNCTION pgmb.http_header_records(jsonb[]) SET plan_cache_mode = force_generic_plan;
+
+-- POST through pgsql-http, the headers given as pgmb.http_header_records makes them. The
+-- call is one expression, which PL/pgSQL evaluates without starting an executor (a
+-- statement's would cost about half as much as pgsql-http's own work on a kept
+-- connection), its answer kept in a record: PL/pgSQL resolves http() and its types when
+-- the expression first runs, so this file installs without the extension. pgsql-http
+-- follows redirects itself (up to 5) and has no option to stop it. Its curl options last
+-- for the session, whatever becomes of the transaction: the timeout is set only when it
+-- differs from the one this session last set (pgmb.http_timeout_ms; a rollback forgets
+-- it, so it is then set again, never left stale). A fault of the request (refused, timed
+-- out, no answer) is its outcome.
+CREATE OR REPLACE FUNCTION pgmb.post_via_http_headers(url text, body text, header_records text, timeout float8)
 RETURNS pgmb.http_outcome
 LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz := clock_timestamp();
+    -- Outside the subtransaction: a timeout no client takes is pgmb's own fault (the
+    -- caller's), not the request's.
     timeout_ms text := ceil(timeout * 1000)::bigint::text;
-    answer_status integer;
-    answer_content text;
+    answer record;
     answer_location text;
     answer_retry_after text;
 BEGIN
@@ -135,20 +162,41 @@ BEGIN
             PERFORM http_set_curlopt('CURLOPT_TIMEOUT_MS', timeout_ms);
             PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
         END IF;
-        SELECT (r).status, (r).content,
-               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'location' LIMIT 1),
-               (SELECT h.value FROM unnest((r).headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1)
-        INTO answer_status, answer_content, answer_location, answer_retry_after
-        FROM (SELECT http(('POST', url,
-                           (SELECT coalesce(array_agg(ROW(e.k, e.v)::http_header), '{}')
-                            FROM jsonb_each_text(headers) AS e(k, v) WHERE lower(e.k) <> 'content-type'),
-                           'application/json', body)::http_request) AS r) AS response;
+        answer := http(ROW('POST', url, header_records::http_header[], 'application/json', body)::http_request);
+        -- The answer's headers are looked through only when its outcome reads them.
+        IF answer.status BETWEEN 300 AND 399 THEN
+            SELECT h.value INTO answer_location
+            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'location' LIMIT 1;
+        ELSIF answer.status IN (429, 503) THEN
+            SELECT h.value INTO answer_retry_after
+            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1;
+        END IF;
     EXCEPTION WHEN others THEN
         RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
                    extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
     END;
     -- Outside the subtransaction, which need only cover the call.
-    RETURN pgmb.http_outcome(answer_status, answer_content, answer_location, answer_retry_after, started);
+    RETURN pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
+END $$;
+
+-- POST through pgsql-http, the headers a jsonb object (pgmb.post's arguments, 0.1.1's).
+CREATE OR REPLACE FUNCTION pgmb.post_via_http(url text, body text, headers jsonb, timeout float8)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+    header_records text;
+BEGIN
+    BEGIN
+        header_records := (pgmb.http_header_records(ARRAY[headers]))[1];
+        IF header_records IS NULL THEN
+            RAISE EXCEPTION 'the headers are not a JSON object: %', left(headers::text, 100);
+        END IF;
+    EXCEPTION WHEN others THEN
+        RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
+                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+    END;
+    RETURN pgmb.post_via_http_headers(url, body, header_records, timeout);
 END $$;
 
 -- One POST through the database's transport (pgmb.http_transport): the http extension,
@@ -439,12 +487,14 @@ END $$;
 
 -- Step "post", one request (the http extension's way, or PL/Python's without runs): its
 -- outcome. built_headers are the request's headers from the claim's "headers" step (NULL:
--- built here). transport is the claim's (pgmb.http_transport, looked up once a claim with
+-- built here); header_records the same as pgsql-http takes them (pgmb.http_header_records;
+-- NULL: made here). transport is the claim's (pgmb.http_transport, looked up once a claim with
 -- the endpoint policy that allows the http extension): its post is called directly. A
 -- request that cannot be built, or a call that fails rather than give an outcome, is
 -- pgmb's own failure (breakers.sql, pgmb.own_failure): the delivery's attempt, never the
 -- endpoint's.
-CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text, built_headers jsonb)
+CREATE OR REPLACE FUNCTION pgmb.loop_post(c pgmb.claimed, transport text, built_headers jsonb,
+                                          header_records text)
 RETURNS pgmb.http_outcome
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -457,6 +507,9 @@ BEGIN
     -- even be planned where PL/Python is missing.
     IF transport = 'plpython3u' THEN
         RETURN pgmb.post_via_plpython(c.endpoint, c.body, built_headers, c.timeout);
+    END IF;
+    IF transport = 'http' AND header_records IS NOT NULL THEN
+        RETURN pgmb.post_via_http_headers(c.endpoint, c.body, header_records, c.timeout);
     END IF;
     IF transport = 'http' THEN
         RETURN pgmb.post_via_http(c.endpoint, c.body, built_headers, c.timeout);
@@ -582,8 +635,10 @@ DECLARE
     claimed_at timestamptz;
     transport text;
     runs boolean;
-    -- The claim's headers, row by row (NULL: each row builds its own).
+    -- The claim's headers, row by row (NULL: each row builds its own), and the same as
+    -- pgsql-http takes them (the http extension's way).
     claim_headers jsonb[];
+    claim_header_records text[];
     -- Whether a run must look for paced rows that end it (most claims have none).
     paced boolean;
     i integer;
@@ -610,12 +665,21 @@ DECLARE
     done_outcomes pgmb.http_outcome[] := '{}';
     pending_since timestamptz;
     last_post_ms float8 := 0;
+    -- The session's http.keepalive as the loop found it (NULL or '': not set).
+    keepalive_was text := current_setting('http.keepalive', true);
 BEGIN
     -- Read first: a bad setting stops the loop before it writes anything.
     SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
     IF pgmb.http_transport() IS NULL THEN
         PERFORM pgmb.no_transport();
     END IF;
+    -- pgsql-http keeps its connection between two requests only with http.keepalive on;
+    -- otherwise each request connects anew (sending "Connection: close") and its curl
+    -- handle is thrown away. On for the loop's session, committed with the first claim;
+    -- set whatever the transport, as the http extension may be created while the loop runs
+    -- (without it, it is a setting nothing reads). Put back as found when the loop ends
+    -- (docs/decisions/0075-the-http-extensions-path-kept-alive.md).
+    PERFORM set_config('http.keepalive', 'on', false);
     -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
     BEGIN
         me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
@@ -654,6 +718,7 @@ BEGIN
         -- One request at a time: the headers of the whole claim in one statement (a run
         -- builds its own).
         claim_headers := CASE WHEN NOT runs THEN pgmb.loop_headers(claimed) END;
+        claim_header_records := CASE WHEN transport = 'http' THEN pgmb.http_header_records(claim_headers) END;
         i := 1;
         WHILE i <= cardinality(claimed) LOOP
             c := claimed[i];
@@ -729,8 +794,9 @@ BEGIN
                 started := clock_timestamp();
                 -- A paced row builds its headers when posted: its signature's time is then
                 -- its request's, however long it waited.
-                posted_outcomes := ARRAY[pgmb.loop_post(c, transport,
-                                                        CASE WHEN c.rps >= pgmb.unpaced_rps() THEN claim_headers[i] END)];
+                posted_outcomes := ARRAY[CASE WHEN c.rps >= pgmb.unpaced_rps()
+                                              THEN pgmb.loop_post(c, transport, claim_headers[i], claim_header_records[i])
+                                              ELSE pgmb.loop_post(c, transport, NULL, NULL) END];
                 first_finished := clock_timestamp();
                 last_post_ms := extract(epoch FROM first_finished - started) * 1000;
                 posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;
@@ -761,21 +827,36 @@ BEGIN
             RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
         END;
     END IF;
+    -- RESET, not '': pgsql-http keeps connections whenever the setting has any value.
+    IF coalesce(keepalive_was, '') = '' THEN
+        RESET http.keepalive;
+    ELSE
+        PERFORM set_config('http.keepalive', keepalive_was, false);
+    END IF;
 END $$;
+
+-- A routing key with a character pgmb.routing_key_header does not keep, percent-encoded.
+CREATE OR REPLACE FUNCTION pgmb.routing_key_escaped(routing_key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT string_agg(CASE WHEN ch ~ '^[\x21-\x24\x26-\x7e]$' THEN ch
+                           ELSE upper(regexp_replace(encode(convert_to(ch, 'UTF8'), 'hex'),
+                                                     '(..)', '%\1', 'g')) END,
+                      '' ORDER BY n)
+    FROM regexp_split_to_table(routing_key, '') WITH ORDINALITY AS t(ch, n)
+$$;
 
 -- The value of the pgmb-routing-key header of a routing key, as
 -- pgmb.worker_request.routing_key_header gives it: printable ASCII but '%' as it is, every
 -- other character as the percent-encoded bytes of its UTF-8 (RFC 3986, upper-case hex), so
 -- that the header is ASCII on every path and a worker gets the key back with any URL-unquote.
--- Most keys are all kept: one match, no copy.
+-- Most keys are all kept: one match, no copy. One expression without a subquery and not
+-- STRICT (a NULL key is NULL through pgmb.routing_key_escaped), so that the planner inlines
+-- it into the statement that builds a claim's headers: a call of a SQL function it cannot
+-- inline cost about 17 µs a request, the inlined match about 1.
 CREATE OR REPLACE FUNCTION pgmb.routing_key_header(routing_key text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN routing_key ~ '^[\x21-\x24\x26-\x7e]*$' THEN routing_key
-                ELSE (SELECT string_agg(CASE WHEN ch ~ '^[\x21-\x24\x26-\x7e]$' THEN ch
-                                             ELSE upper(regexp_replace(encode(convert_to(ch, 'UTF8'), 'hex'),
-                                                                       '(..)', '%\1', 'g')) END,
-                                        '' ORDER BY n)
-                      FROM regexp_split_to_table(routing_key, '') WITH ORDINALITY AS t(ch, n)) END
+                ELSE pgmb.routing_key_escaped(routing_key) END
 $$;
 
 -- The headers of each request of a run, as pgmb/worker_request.py builds them: the

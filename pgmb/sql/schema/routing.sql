@@ -222,16 +222,19 @@ $$;
 -- the admin's test request asks here): its secret `current` unless empty, then its retiring
 -- secrets that have not expired, the most recently retired first, at most
 -- pgmb.max_retiring_secrets() of them (rows written past the bound, by a direct INSERT
--- say, sign nothing). An empty array: the requests are not signed.
+-- say, sign nothing). An empty array: the requests are not signed. PL/pgSQL, so that its
+-- query is planned once a session: an SQL function (never inlined, for its subquery) would
+-- be parsed and planned at every claim.
 CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
 RETURNS text[]
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT array_remove(ARRAY[current], '') || ARRAY(
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN array_remove(ARRAY[current], '') || ARRAY(
         SELECT s.secret::text FROM pgmb_worker_secret s
         WHERE s.worker_id = signing_secrets.worker_id AND s.expires_at > at
         ORDER BY s.retired_at DESC, s.id DESC
-        LIMIT pgmb.max_retiring_secrets())
-$$;
+        LIMIT pgmb.max_retiring_secrets());
+END $$;
 
 -- The worker trigger's part of rotation (models.Worker's worker_retire_secret, on an
 -- UPDATE that changes the secret): the old secret, unless empty or broken (one stored

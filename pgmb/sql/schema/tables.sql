@@ -46,6 +46,12 @@ ALTER TABLE pgmb_queue
 ALTER TABLE pgmb_queue ADD COLUMN IF NOT EXISTS binding_tags text[] NOT NULL DEFAULT '{}';
 CREATE INDEX IF NOT EXISTS pgmb_queue_binding_tags ON pgmb_queue USING gin (binding_tags)
     WITH (fastupdate = off);
+-- Which of the two the routing trigger uses is planned from pgmb_queue's statistics. By
+-- default autovacuum analyzes a table after 50 changed rows, which a few queues never
+-- reach: the planner would guess pages and rows and take the GIN index for five queues, a
+-- tenth more for every publish (docs/decisions/0073-publishing-write-path.md). Analyzed
+-- after any change (a page or a few: nothing to autovacuum), a few queues are scanned.
+ALTER TABLE pgmb_queue SET (autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0);
 
 ALTER TABLE pgmb_message
     ALTER COLUMN id SET DEFAULT pgmb.uuid_v7(),
@@ -120,9 +126,11 @@ CREATE STATISTICS IF NOT EXISTS pgmb.attempt_outcome_status (mcv)
 
 -- ==== the trigger functions of pgmb_worker and pgmb_queue ====
 
--- The BEFORE INSERT OR UPDATE trigger function of pgmb_worker: the name, endpoint, rate,
--- timeout and secret rules for every writer (an unchanged endpoint or secret stays
--- accepted: a row stored before a rule can still be paused), then the circuit breaker's settings (pgmb.check_breaker).
+-- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
+-- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
+-- bucket runs no rule): the name, endpoint, rate, timeout and secret rules for every writer
+-- (an unchanged endpoint or secret stays accepted: a row stored before a rule can still be
+-- paused), then the circuit breaker's settings (pgmb.check_breaker).
 CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql
     AS $_$

@@ -25,7 +25,7 @@ state to compare, so that a case and its baseline differ only in the size under 
    ``VACUUM``, after ``manage.py pgmb_housekeeping`` and after ``REINDEX``;
 6. retention: ``--retention-stored`` messages (default ``--stored``) published over
    ``--retention-days`` days, each with its ack attempt, all finished, in their day
-   partitions (``pgmb.make_history_day``); the first full UTC day's messages and attempts
+   partitions (``pgmb.make_history_days``); the first full UTC day's messages and attempts
    leave as the archive job deletes them (``delete_batch`` of
    ``pgmb/sql/queries/archive.sql``, transactions of the job's default batch size, after an
    untimed claim of the day into a written run), the next day's as ``pgmb.retire_history``
@@ -213,9 +213,8 @@ def fill_stored(
     began = time.monotonic()
     # The day partitions of the days the fill spans, as a broker running that long has.
     conn.execute(
-        "SELECT pgmb.make_history_day(d::date) FROM generate_series("
-        " (now() - %s * interval '1 ms') AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC',"
-        " interval '1 day') AS d",
+        "SELECT pgmb.make_history_days(((now() - %s * interval '1 ms') AT TIME ZONE 'UTC')::date,"
+        " (now() AT TIME ZONE 'UTC')::date, NULL)",
         (total * spacing_ms,),
     )
     conn.execute("SET session_replication_role = replica")

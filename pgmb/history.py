@@ -47,12 +47,38 @@ class RetiredDay:
         )
 
 
-def premake_call(days: int | None = None) -> Call[int]:
+@dataclass(frozen=True)
+class DefaultPartition:
+    """A history table's default partition, which premaking reads once under its lock."""
+
+    name: str
+    #: The rows it holds by its statistics.
+    rows: int
+    #: The most rows premaking reads by itself (``pgmb.history_scan_limit()``).
+    scan_limit: int
+
+
+def premake_call(days: int | None = None, scan_limit: int | None = None) -> Call[int]:
     """Makes the day partitions of today and ``days`` days after it (default
-    ``PGMB['HISTORY_PREMAKE_DAYS']``); how many tables it made."""
+    ``PGMB['HISTORY_PREMAKE_DAYS']``) and the far partitions; how many tables it made.
+    Nothing while a default partition holds more than ``scan_limit`` rows (default
+    ``pgmb.history_scan_limit()``), or while its tables stay busy for a second."""
     if days is None:
         days = conf.get().HISTORY_PREMAKE_DAYS
-    return Call(sql.query("history.sql", "premake"), {"days": days}, count)
+    if scan_limit is not None and scan_limit < 0:
+        raise ValueError(f"scan limit {scan_limit}: must be 0 or more rows")
+    return Call(
+        sql.query("history.sql", "premake"), {"days": days, "scan_limit": scan_limit}, count
+    )
+
+
+def _defaults(names: list[str], rows: list[tuple[Any, ...]]) -> list[DefaultPartition]:
+    return [DefaultPartition(*row) for row in rows]
+
+
+def defaults_call() -> Call[list[DefaultPartition]]:
+    """Each history table's default partition and what premaking may read of it."""
+    return Call(sql.query("history.sql", "defaults"), {}, _defaults)
 
 
 def _retired(names: list[str], rows: list[tuple[Any, ...]]) -> list[RetiredDay]:

@@ -19,7 +19,7 @@ LOCKING = re.compile(
     r"|(?:CREATE|DROP)\s+(?:OR\s+REPLACE\s+)?(?:CONSTRAINT\s+)?TRIGGER\s+(?:IF\s+EXISTS\s+)?\S+"
     r"(?:\s+(?!ON\b)\S+)*?\s+ON"
     r"|CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:IF\s+NOT\s+EXISTS\s+)?\S+\s+ON(?:\s+ONLY)?"
-    r"|LOCK\s+TABLE(?:\s+ONLY)?)\s+([\w.\"]+)",
+    r"|LOCK\s+TABLE(?:\s+ONLY)?)\s+(?!ONLY\b)([\w.\"]+)",
     re.IGNORECASE,
 )
 

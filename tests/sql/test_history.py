@@ -7,9 +7,10 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, date, datetime, timedelta
 
+import psycopg
 import pytest
-from django.core.management import call_command
-from django.db import DatabaseError
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection
 
 import pgmb
 from pgmb import conf, deliveries, history, ids
@@ -42,18 +43,25 @@ def days(sql) -> set[tuple[str, date]]:
     return set(sql("SELECT parent::text, day FROM pgmb.history_days()"))
 
 
-def test_the_days_ahead_exist_for_both_tables(sql):
+def test_the_days_ahead_and_the_far_partitions_exist_for_both_tables(sql):
     made = {today() + timedelta(days=n) for n in range(conf.get().HISTORY_PREMAKE_DAYS + 1)}
     assert {(t, d) for t, d in days(sql) if d in made} == {
         (t, d) for t in ("pgmb_message", "pgmb_attempt") for d in made
     }
+    far = sql(
+        "SELECT c.relname::text, pg_get_expr(c.relpartbound, c.oid) FROM pg_class c"
+        " WHERE c.relname LIKE 'pgmb\\_%%\\_far' ORDER BY 1"
+    )
+    [(floor,)] = sql("SELECT pgmb.day_floor(pgmb.history_far_day())")
+    bound = f"FOR VALUES FROM ('{floor}') TO (MAXVALUE)"
+    assert far == [("pgmb_attempt_far", bound), ("pgmb_message_far", bound)]
 
 
 def test_the_sql_default_of_the_days_ahead_is_the_settings_default(sql):
     [(default,)] = sql(
-        "SELECT pg_get_function_arguments('pgmb.premake_history(integer)'::regprocedure)"
+        "SELECT pg_get_function_arguments('pgmb.premake_history(integer, bigint)'::regprocedure)"
     )
-    assert default == f"days integer DEFAULT {conf.DEFAULT_HISTORY_PREMAKE_DAYS}"
+    assert default.startswith(f"days integer DEFAULT {conf.DEFAULT_HISTORY_PREMAKE_DAYS},")
 
 
 def test_a_message_and_its_attempts_are_stored_in_its_day(make_queue, sql):
@@ -69,27 +77,78 @@ def ids_day(message_id: uuid.UUID) -> date:
     return datetime.fromtimestamp(ids.milliseconds(message_id) / 1000, UTC).date()
 
 
-def test_an_id_with_no_day_is_stored_in_the_default_partition_and_delivered(make_queue, sql):
+def v4_id(first_byte: int) -> uuid.UUID:
+    """A UUID v4 whose random first byte is ``first_byte``."""
+    return uuid.UUID(bytes=bytes([first_byte]) + uuid.uuid4().bytes[1:])
+
+
+def test_ids_with_no_day_are_stored_and_delivered(make_queue, sql):
     make_queue("order.*")
-    given = uuid.uuid4()
-    far = id_of_day(today() + timedelta(days=400))
-    assert pgmb.send("order.created", {"n": 1}, message_id=given) == given
-    assert pgmb.send("order.created", {"n": 2}, message_id=far) == far
+    # A UUID v4 mostly falls past the year 2100 (its first 48 bits random); one that falls
+    # before it, or an id of a day not made yet, goes to the default partition.
+    past_2100, before_2100 = v4_id(0xC3), v4_id(0x00)
+    later = id_of_day(today() + timedelta(days=400))
+    for n, given in enumerate((past_2100, before_2100, later)):
+        assert pgmb.send("order.created", {"n": n}, message_id=given) == given
     claims = deliveries.claim(None, 10)
-    assert {uuid.UUID(str(c.message_id)) for c in claims} == {given, far}
+    assert {uuid.UUID(str(c.message_id)) for c in claims} == {past_2100, before_2100, later}
     deliveries.ack([Success(c.delivery_id, 200, 1.0) for c in claims])
-    for message_id in (given, far):
+    assert stored_in(sql, past_2100) == ("pgmb_message_far", "pgmb_attempt_far")
+    for message_id in (before_2100, later):
         assert stored_in(sql, message_id) == ("pgmb_message_default", "pgmb_attempt_default")
 
 
-def test_a_day_the_default_partition_holds_rows_of_is_not_made(make_queue, sql):
+def test_a_new_day_takes_the_rows_the_default_partition_holds_of_it(make_queue, sql):
     make_queue("order.*")
     later = today() + timedelta(days=20)
-    pgmb.send("order.created", {"n": 1}, message_id=id_of_day(later))
-    [(made,)] = sql("SELECT pgmb.make_history_day(%s)", (later,))
-    assert made == 0
+    early = pgmb.send("order.created", {"n": 1}, message_id=id_of_day(later))
+    deliveries.fail(
+        [Failure(c.delivery_id, c.lease_id, 500, "down") for c in deliveries.claim(None, 10)]
+    )
+    assert stored_in(sql, early) == ("pgmb_message_default", "pgmb_attempt_default")
+
+    [(made,)] = sql("SELECT pgmb.make_history_days(%s, %s)", (later, later))
+
+    assert made == 2
+    part = f"p{later:%Y%m%d}"
+    assert stored_in(sql, early) == (f"pgmb_message_{part}", f"pgmb_attempt_{part}")
+    assert Attempt.objects.filter(message_id=early).count() == 1
+    # Moved, not sent again: its one delivery goes on, retried.
+    [delivery] = Delivery.objects.filter(message_id=early)
+    assert delivery.attempts == 1
+    [(routed,)] = sql("SELECT count(*) FROM pgmb_delivery WHERE message_id = %s", (early,))
+    assert routed == 1
+
+
+def test_days_are_not_made_over_a_default_partition_bigger_than_the_limit(make_queue, sql):
+    make_queue("order.*")
+    later = today() + timedelta(days=30)
+    for n in range(3):
+        pgmb.send("order.created", {"n": n}, message_id=id_of_day(today() + timedelta(days=400)))
+    sql("ANALYZE pgmb_message_default, pgmb_attempt_default")
+
+    assert run(history.premake_call(31, scan_limit=2)) == 0
     assert ("pgmb_message", later) not in days(sql)
-    [(made,)] = sql("SELECT pgmb.make_history_day(%s)", (later + timedelta(days=1),))
+    assert [d.rows for d in run(history.defaults_call()) if d.name == "pgmb_message_default"] == [3]
+    assert run(history.premake_call(31, scan_limit=3)) == 2 * (31 - conf.get().HISTORY_PREMAKE_DAYS)
+    assert ("pgmb_attempt", later) in days(sql)
+    with pytest.raises(ValueError, match="scan limit"):
+        history.premake_call(scan_limit=-1)
+
+
+def test_days_are_not_made_while_a_default_partition_stays_busy(sql):
+    later = today() + timedelta(days=30)
+    with psycopg.connect(**connection.get_connection_params()) as other:
+        # The lock an open transaction that published into the default partition holds.
+        other.execute("LOCK TABLE pgmb_message_default IN ROW EXCLUSIVE MODE")
+        [(made,)] = sql("SELECT pgmb.make_history_days(%s, %s)", (later, later))
+        assert made == 0
+        assert ("pgmb_message", later) not in days(sql)
+        # The lock wait it set for itself is put back.
+        [(wait,)] = sql("SHOW lock_timeout")
+        assert wait == "0"
+        other.rollback()
+    [(made,)] = sql("SELECT pgmb.make_history_days(%s, %s)", (later, later))
     assert made == 2
 
 
@@ -102,7 +161,7 @@ def test_premake_through_python_makes_the_days_missing(sql):
 def old_day_with_messages(make_queue, sql, age_days: int = 10):
     """A day ``age_days`` ago with four messages: two acked, one live, one dead-lettered."""
     day = today() - timedelta(days=age_days)
-    [(made,)] = sql("SELECT pgmb.make_history_day(%s)", (day,))
+    [(made,)] = sql("SELECT pgmb.make_history_days(%s, %s)", (day, day))
     assert made == 2
     make_queue("order.*", max_retries=0)
     sent = [pgmb.send("order.created", {"n": n}, message_id=id_of_day(day)) for n in range(4)]
@@ -172,3 +231,16 @@ def test_the_command_premakes_and_retires(make_queue, sql, capsys):
     assert f"{day.isoformat()}: 2 messages and 2 attempts removed, kept 2" in (
         capsys.readouterr().out
     )
+
+
+def test_the_command_says_why_it_made_no_partition(make_queue, sql, capsys):
+    make_queue("order.*")
+    pgmb.send("order.created", {"n": 1}, message_id=id_of_day(today() + timedelta(days=400)))
+    sql("ANALYZE pgmb_message_default")
+    call_command("pgmb_history", "premake", "--days", "6", "--scan-limit", "0")
+    out = capsys.readouterr().out
+    assert "made 0 history partition(s)" in out
+    assert "pgmb_message_default holds about 1 row(s), over the limit of 0" in out
+    assert ("pgmb_message", today() + timedelta(days=6)) not in days(sql)
+    with pytest.raises(CommandError, match="--scan-limit -1"):
+        call_command("pgmb_history", "premake", "--scan-limit", "-1")

@@ -1,10 +1,12 @@
 """``manage.py pgmb_history``: the history's day partitions (pgmb.history)::
 
-    manage.py pgmb_history premake [--days N] [--database ALIAS]
+    manage.py pgmb_history premake [--days N] [--scan-limit ROWS] [--database ALIAS]
     manage.py pgmb_history retire [--older-than DAYS] [--database ALIAS]
 
 ``premake`` makes the days ahead (what the dispatcher's housekeeping and pg_cron's
-``pgmb.maintenance()`` do by themselves); ``retire`` drops each day older than
+``pgmb.maintenance()`` do by themselves, while each default partition holds at most
+``pgmb.history_scan_limit()`` rows; ``--scan-limit`` lets an operator make them over a
+bigger one, whose read holds its lock longer); ``retire`` drops each day older than
 ``--older-than`` (default ``PGMB['HISTORY_RETENTION_DAYS']``; without either it refuses),
 keeping the unfinished messages of a day until they are finished.
 """
@@ -46,6 +48,15 @@ class Command(BaseCommand):
             default=None,
             help="Days after today (default: PGMB['HISTORY_PREMAKE_DAYS']).",
         )
+        premake.add_argument(
+            "--scan-limit",
+            type=int,
+            default=None,
+            help=(
+                "Make them even if a default partition holds up to this many rows, which "
+                "it reads under its lock (default: pgmb.history_scan_limit())."
+            ),
+        )
         retire = sub.add_parser("retire", help="Drop the days older than --older-than.")
         retire.add_argument(
             "--older-than",
@@ -71,8 +82,13 @@ class Command(BaseCommand):
                     days = options["days"]
                     if days is not None and days < 0:
                         raise CommandError(f"--days {days}: must be 0 or more")
-                    made = run(history.premake_call(days), using=alias)
+                    limit = options["scan_limit"]
+                    if limit is not None and limit < 0:
+                        raise CommandError(f"--scan-limit {limit}: must be 0 or more rows")
+                    made = run(history.premake_call(days, limit), using=alias)
                     self.stdout.write(f"made {made} history partition(s)")
+                    if not made:
+                        self._why_none(alias, limit)
                     return
                 older = options["older_than"]
                 if older is None:
@@ -91,3 +107,12 @@ class Command(BaseCommand):
             self.stdout.write(f"no day of history older than {days_old:g} days")
         for day in retired:
             self.stdout.write(day.describe())
+
+    def _why_none(self, alias: str, limit: int | None) -> None:
+        for part in run(history.defaults_call(), using=alias):
+            most = part.scan_limit if limit is None else limit
+            if part.rows > most:
+                self.stdout.write(
+                    f"{part.name} holds about {part.rows:,} row(s), over the limit of {most:,}: "
+                    "premaking reads it under its lock (--scan-limit to make them anyway)"
+                )

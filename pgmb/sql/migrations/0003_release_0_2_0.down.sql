@@ -710,8 +710,9 @@ END $$;
 -- made again, they name the plain table.
 SELECT pg_temp.unpartition_history_table('pgmb_message');
 SELECT pg_temp.unpartition_history_table('pgmb_attempt');
-DROP FUNCTION pgmb.retire_history(interval, boolean), pgmb.premake_history(integer), pgmb.history_days(),
-    pgmb.make_history_day(date),
+DROP FUNCTION pgmb.retire_history(interval, boolean), pgmb.premake_history(integer, bigint),
+    pgmb.make_history_days(date, date, bigint), pgmb.estimated_rows(regclass), pgmb.history_scan_limit(),
+    pgmb.history_far_day(), pgmb.history_days(),
     pgmb.partition_history_table(name, name), pgmb.history_tables(), pgmb.day_floor(date),
     pgmb.copy_table_grants(regclass, regclass);
 

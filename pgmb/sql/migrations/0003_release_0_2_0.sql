@@ -1076,6 +1076,24 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Ids from this day on go to each table's far partition (<table>_far): a producer's UUID
+-- v4 mostly falls there (its first 48 bits are random, and 98.5 % of their values lie past
+-- this day's), which keeps such ids out of the default partition. pgmb's own ids reach it
+-- in the year 2100, and go on being stored there.
+CREATE OR REPLACE FUNCTION pgmb.history_far_day() RETURNS date
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT date '2100-01-01' $$;
+
+-- Making partitions reads the default partition once under its ACCESS EXCLUSIVE lock (a
+-- new partition's range must be proven absent from it), and every statement that reaches
+-- the default (claims' generic plans lock every partition) waits meanwhile: about 0.6 s
+-- a million rows on the machine of docs/benchmarks.md. Days are made automatically only
+-- while each default partition holds at most this many rows by its statistics; above it,
+-- by an operator who passes a higher limit (manage.py pgmb_history premake --scan-limit).
+CREATE OR REPLACE FUNCTION pgmb.history_scan_limit() RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 1000000::bigint $$;
+
 -- The day partitions there are: each table's, its day and bounds, oldest first.
 CREATE OR REPLACE FUNCTION pgmb.history_days()
 RETURNS TABLE (parent name, partition name, day date, low uuid, high uuid)
@@ -1091,53 +1109,118 @@ AS $$
     ORDER BY 3, 1
 $$;
 
--- Makes the day partitions of one UTC day, for each history table that has none for it
--- yet; returns how many tables it made. A day of which the default partition already
--- holds a row (ids that producers gave, or an upgraded database's today) is left out: its
--- messages stay in the default partition. Attaching takes SHARE UPDATE EXCLUSIVE on the
--- parent, so publishing goes on, and scans the default partition under its own lock
--- (small unless it holds an upgraded database's old rows, or a CHECK on it leaves the day
--- out: pgmb.history.premake). A day that a concurrent publish puts a row of into the
--- default partition meanwhile is left for the next run.
-CREATE OR REPLACE FUNCTION pgmb.make_history_day(day date) RETURNS integer
+-- The rows a default partition holds by its statistics (by its size, at 100 bytes a row,
+-- before it was ever analyzed).
+CREATE OR REPLACE FUNCTION pgmb.estimated_rows(tbl regclass) RETURNS bigint
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::bigint ELSE pg_relation_size(c.oid) / 100 END
+    FROM pg_class c WHERE c.oid = tbl
+$$;
+
+-- Makes the partitions of the UTC days from `first` to `last` and the far partition, of
+-- both history tables, that do not exist yet; returns how many tables it made. Rows of
+-- their ranges already in the default partition (ids that producers gave, or a clock past
+-- the days made) move into them. Does nothing, and says so in a NOTICE, while a default
+-- partition holds more than `scan_limit` rows (NULL: no limit), or while its locks are
+-- not had within a second (the next run tries again): publishing and claims never wait
+-- longer for it. Both tables' partitions are made in one transaction, or none: a message's
+-- attempts go where it goes.
+CREATE OR REPLACE FUNCTION pgmb.make_history_days(first date, last date,
+                                                  scan_limit bigint DEFAULT pgmb.history_scan_limit())
+RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     h record;
-    part name;
-    taken boolean;
+    parents name[];
+    parts name[];
+    lows uuid[];
+    highs uuid[];
+    over text;
+    lock_wait text := current_setting('lock_timeout');
+    checks text[];
     made integer := 0;
 BEGIN
-    -- Both tables or neither: a message's attempts go where it goes.
+    IF first IS NULL OR last IS NULL THEN
+        RAISE EXCEPTION 'invalid days % to %: both must be given', first, last
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(t.parent), array_agg(n.partition), array_agg(n.low), array_agg(n.high)
+        INTO parents, parts, lows, highs
+    FROM pgmb.history_tables() t,
+         LATERAL (SELECT format('%s_p%s', t.parent, to_char(g, 'YYYYMMDD')) AS partition,
+                         pgmb.day_floor(g::date) AS low, pgmb.day_floor(g::date + 1) AS high
+                  FROM generate_series(first, least(last, pgmb.history_far_day() - 1), interval '1 day') AS g
+                  UNION ALL
+                  SELECT t.parent || '_far', pgmb.day_floor(pgmb.history_far_day()), NULL) AS n
+    WHERE to_regclass(quote_ident(n.partition)) IS NULL;
+    IF parts IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT string_agg(format('%s holds about %s rows', t.parent || '_default',
+                             pgmb.estimated_rows((t.parent || '_default')::regclass)), ', ')
+        INTO over
+    FROM pgmb.history_tables() t
+    WHERE pgmb.estimated_rows((t.parent || '_default')::regclass) > scan_limit;
+    IF over IS NOT NULL THEN
+        RAISE NOTICE 'pgmb: history partitions not made: % (the limit is %: a higher one holds its lock longer)',
+            over, scan_limit;
+        RETURN 0;
+    END IF;
+    -- Every lock first, parents before their default partitions (the order a publish
+    -- takes them in); a wait past a second gives up rather than queue publishers behind it.
+    PERFORM set_config('lock_timeout', '1s', true);
+    BEGIN
+        FOR h IN SELECT * FROM pgmb.history_tables() LOOP
+            EXECUTE format('LOCK TABLE ONLY %I IN SHARE UPDATE EXCLUSIVE MODE', h.parent);
+        END LOOP;
+        FOR h IN SELECT * FROM pgmb.history_tables() LOOP
+            EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', h.parent || '_default');
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', lock_wait, true);
+        RAISE NOTICE 'pgmb: history partitions not made: their tables were busy (the next run tries again)';
+        RETURN 0;
+    END;
+    PERFORM set_config('lock_timeout', lock_wait, true);
     FOR h IN SELECT * FROM pgmb.history_tables() LOOP
-        EXECUTE format('SELECT EXISTS (SELECT FROM %I WHERE %I >= $1 AND %I < $2)',
-                       h.parent || '_default', h.key, h.key)
-            INTO taken USING pgmb.day_floor(day), pgmb.day_floor(day + 1);
-        IF taken THEN
-            RETURN 0;
-        END IF;
-    END LOOP;
-    FOR h IN SELECT * FROM pgmb.history_tables() LOOP
-        part := format('%s_p%s', h.parent, to_char(day, 'YYYYMMDD'));
-        CONTINUE WHEN to_regclass(quote_ident(part)) IS NOT NULL;
-        BEGIN
+        checks := '{}';
+        FOR i IN 1 .. cardinality(parts) LOOP
+            CONTINUE WHEN parents[i] <> h.parent;
             EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
-                           part, h.parent);
-            PERFORM pgmb.copy_table_grants(h.parent::regclass, part::regclass);
-            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                           h.parent, part, pgmb.day_floor(day), pgmb.day_floor(day + 1));
+                           parts[i], h.parent);
+            PERFORM pgmb.copy_table_grants(h.parent::regclass, parts[i]::regclass);
+            -- Found by the default partition's index: few rows, if any.
+            EXECUTE format('WITH moved AS (DELETE FROM %I WHERE %I >= $1 AND ($2 IS NULL OR %I < $2) RETURNING *)'
+                           ' INSERT INTO %I SELECT * FROM moved',
+                           h.parent || '_default', h.key, h.key, parts[i])
+                USING lows[i], highs[i];
+            checks := checks || format('ADD CONSTRAINT %I CHECK (%s)', parts[i] || '_new',
+                                       CASE WHEN highs[i] IS NULL THEN format('%I < %L', h.key, lows[i])
+                                            ELSE format('%I < %L OR %I >= %L', h.key, lows[i], h.key, highs[i]) END);
+        END LOOP;
+        CONTINUE WHEN cardinality(checks) = 0;
+        -- One read of the default partition proves every new range absent from it (one
+        -- ALTER TABLE checks all its constraints in one scan): the ATTACHes read nothing.
+        EXECUTE format('ALTER TABLE %I %s', h.parent || '_default', array_to_string(checks, ', '));
+        FOR i IN 1 .. cardinality(parts) LOOP
+            CONTINUE WHEN parents[i] <> h.parent;
+            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%s)',
+                           h.parent, parts[i], lows[i], coalesce(quote_literal(highs[i]), 'MAXVALUE'));
+            EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', h.parent || '_default', parts[i] || '_new');
             made := made + 1;
-        EXCEPTION WHEN check_violation THEN
-            NULL;  -- a row of that day reached the default partition meanwhile
-        END;
+        END LOOP;
     END LOOP;
     RETURN made;
 END $$;
 
--- Makes the day partitions of today and the `days` days after it (UTC) that do not exist
--- yet (pgmb.make_history_day); returns how many tables it made. `days` is
--- PGMB['HISTORY_PREMAKE_DAYS'] (pgmb.conf) when Python calls it, this default otherwise
--- (pgmb.maintenance, pg_cron; tests/python compares the two).
-CREATE OR REPLACE FUNCTION pgmb.premake_history(days integer DEFAULT 3) RETURNS integer
+-- Makes the partitions of today and the `days` days after it (UTC), and the far
+-- partitions, that do not exist yet (pgmb.make_history_days); returns how many tables it
+-- made. `days` is PGMB['HISTORY_PREMAKE_DAYS'] (pgmb.conf) when Python calls it, this
+-- default otherwise (pgmb.maintenance, pg_cron; tests/python compares the two).
+CREATE OR REPLACE FUNCTION pgmb.premake_history(days integer DEFAULT 3,
+                                                scan_limit bigint DEFAULT pgmb.history_scan_limit())
+RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     today date := (now() AT TIME ZONE 'UTC')::date;
@@ -1145,8 +1228,7 @@ BEGIN
     IF days IS NULL OR days < 0 THEN
         RAISE EXCEPTION 'invalid days %: it must be 0 or more', days USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN (SELECT sum(pgmb.make_history_day(g::date))::integer
-            FROM generate_series(today, today + days, interval '1 day') AS g);
+    RETURN pgmb.make_history_days(today, today + days, scan_limit);
 END $$;
 
 -- Retention: the day partitions whose day ended before now() - older_than, oldest
@@ -1212,12 +1294,12 @@ END $$;
 
 SELECT pgmb.partition_history_table(h.parent, h.key) FROM pgmb.history_tables() h;
 -- The first days, while the migration's locks are held, only where the old tables are
--- small: making a day scans the default partition (0.5 s a million rows on the machine of
--- docs/benchmarks.md). A bigger database gets its days from the first housekeeping
--- (pgmb.premake_history) and publishes into the old table until then.
-SELECT pgmb.premake_history(3)
-WHERE (SELECT sum(greatest(c.reltuples, 0)) FROM pg_class c
-       WHERE c.relname IN ('pgmb_message_default', 'pgmb_attempt_default')) < 100000;
+-- small (pgmb.make_history_days reads the default partition once: 0.6 s a million rows on
+-- the machine of docs/benchmarks.md). A bigger database gets its days from housekeeping
+-- once the archive job has brought its old rows under pgmb.history_scan_limit(), or
+-- from an operator (manage.py pgmb_history premake --scan-limit), and publishes into
+-- the old table until then.
+SELECT pgmb.premake_history(3, 100000);
 
 -- A dispatcher found nothing to claim and is about to wait: mark it waiting. True once no
 -- message insert is in flight, after which every publisher sees the mark; false if one
@@ -1259,7 +1341,10 @@ REVOKE EXECUTE ON FUNCTION
     pgmb.history_tables(),
     pgmb.partition_history_table(name, name),
     pgmb.history_days(),
-    pgmb.make_history_day(date),
-    pgmb.premake_history(integer),
+    pgmb.history_far_day(),
+    pgmb.history_scan_limit(),
+    pgmb.estimated_rows(regclass),
+    pgmb.make_history_days(date, date, bigint),
+    pgmb.premake_history(integer, bigint),
     pgmb.retire_history(interval, boolean)
 FROM PUBLIC;

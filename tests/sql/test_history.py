@@ -244,3 +244,26 @@ def test_the_command_says_why_it_made_no_partition(make_queue, sql, capsys):
     assert ("pgmb_message", today() + timedelta(days=6)) not in days(sql)
     with pytest.raises(CommandError, match="--scan-limit -1"):
         call_command("pgmb_history", "premake", "--scan-limit", "-1")
+
+
+def test_a_day_of_which_the_default_partition_holds_many_rows_is_left_out(sql):
+    crowded, after = today() + timedelta(days=40), today() + timedelta(days=41)
+    # More rows of one day than premaking moves (as when a day began before its partition
+    # was made), written straight into the default partition.
+    sql(
+        "INSERT INTO pgmb_message_default (id, routing_key, body, created_at, available_at)"
+        " SELECT encode(substring(uuid_send(pgmb.day_floor(%s)) FROM 1 FOR 6)"
+        "              || substring(uuid_send(gen_random_uuid()) FROM 7), 'hex')::uuid,"
+        "        'order.created', '{}', now(), now()"
+        " FROM generate_series(1, 10001)",
+        (crowded,),
+    )
+
+    [(made,)] = sql("SELECT pgmb.make_history_days(%s, %s)", (crowded, after))
+
+    assert made == 2
+    assert ("pgmb_message", crowded) not in days(sql)
+    assert ("pgmb_attempt", crowded) not in days(sql)
+    assert ("pgmb_message", after) in days(sql)
+    [(kept,)] = sql("SELECT count(*) FROM pgmb_message_default")
+    assert kept == 10001

@@ -712,6 +712,7 @@ SELECT pg_temp.unpartition_history_table('pgmb_message');
 SELECT pg_temp.unpartition_history_table('pgmb_attempt');
 DROP FUNCTION pgmb.retire_history(interval, boolean), pgmb.premake_history(integer, bigint),
     pgmb.make_history_days(date, date, bigint), pgmb.estimated_rows(regclass), pgmb.history_scan_limit(),
+    pgmb.rows_between(regclass, name, uuid, uuid, bigint),
     pgmb.history_far_day(), pgmb.history_days(),
     pgmb.partition_history_table(name, name), pgmb.history_tables(), pgmb.day_floor(date),
     pgmb.copy_table_grants(regclass, regclass);

@@ -181,10 +181,27 @@ AS $$
     FROM pg_class c WHERE c.oid = tbl
 $$;
 
+-- How many rows of [low, high) table `tbl` holds (high NULL: no end), counting at most
+-- `most` + 1: read by its index on `key`.
+CREATE OR REPLACE FUNCTION pgmb.rows_between(tbl regclass, key name, low uuid, high uuid, most bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    found bigint;
+BEGIN
+    EXECUTE format('SELECT count(*) FROM (SELECT FROM %s WHERE %I >= $1 AND ($2 IS NULL OR %I < $2) LIMIT $3) AS r',
+                   tbl, key, key)
+        INTO found USING low, high, most + 1;
+    RETURN found;
+END $$;
+
 -- Makes the partitions of the UTC days from `first` to `last` and the far partition, of
 -- both history tables, that do not exist yet; returns how many tables it made. Rows of
 -- their ranges already in the default partition (ids that producers gave, or a clock past
--- the days made) move into them. Does nothing, and says so in a NOTICE, while a default
+-- the days made) move into them, unless there are more than 10,000 in a range: moving
+-- them would hold the locks as long, so that range is left out (its rows, and new ones,
+-- stay in the default partition; a day that began before its partition was made is the
+-- usual case, and the days after it are made). Does nothing, and says so in a NOTICE, while a default
 -- partition holds more than `scan_limit` rows (NULL: no limit), or while its locks are
 -- not had within a second (the next run tries again): publishing and claims never wait
 -- longer for it. Both tables' partitions are made in one transaction, or none: a message's
@@ -200,6 +217,8 @@ DECLARE
     lows uuid[];
     highs uuid[];
     over text;
+    crowded text[];
+    most_moved CONSTANT bigint := 10000;
     lock_wait text := current_setting('lock_timeout');
     checks text[];
     made integer := 0;
@@ -246,10 +265,21 @@ BEGIN
         RETURN 0;
     END;
     PERFORM set_config('lock_timeout', lock_wait, true);
+    -- Ranges left out for both tables alike, by their names' suffix (_pYYYYMMDD, _far).
+    crowded := ARRAY(SELECT substring(n.partition FROM length(n.parent) + 1)
+                     FROM unnest(parents, parts, lows, highs) AS n(parent, partition, low, high)
+                     JOIN pgmb.history_tables() t ON t.parent = n.parent
+                     WHERE pgmb.rows_between((n.parent || '_default')::regclass, t.key, n.low, n.high,
+                                             most_moved) > most_moved);
+    IF cardinality(crowded) > 0 THEN
+        RAISE NOTICE 'pgmb: history partitions not made: %, whose rows the default partition already holds more than % of',
+            array_to_string(crowded, ', '), most_moved;
+    END IF;
     FOR h IN SELECT * FROM pgmb.history_tables() LOOP
         checks := '{}';
         FOR i IN 1 .. cardinality(parts) LOOP
-            CONTINUE WHEN parents[i] <> h.parent;
+            CONTINUE WHEN parents[i] <> h.parent
+                       OR substring(parts[i] FROM length(parents[i]) + 1) = ANY (crowded);
             EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
                            parts[i], h.parent);
             PERFORM pgmb.copy_table_grants(h.parent::regclass, parts[i]::regclass);
@@ -267,7 +297,8 @@ BEGIN
         -- ALTER TABLE checks all its constraints in one scan): the ATTACHes read nothing.
         EXECUTE format('ALTER TABLE %I %s', h.parent || '_default', array_to_string(checks, ', '));
         FOR i IN 1 .. cardinality(parts) LOOP
-            CONTINUE WHEN parents[i] <> h.parent;
+            CONTINUE WHEN parents[i] <> h.parent
+                       OR substring(parts[i] FROM length(parents[i]) + 1) = ANY (crowded);
             EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%s)',
                            h.parent, parts[i], lows[i], coalesce(quote_literal(highs[i]), 'MAXVALUE'));
             EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', h.parent || '_default', parts[i] || '_new');

@@ -101,8 +101,9 @@ def _message_id(message_id: uuid.UUID | str | None) -> uuid.UUID:
 
 
 #: The message table's key as a unique violation names it: the index of the partition the
-#: id went to (its day's, or the default partition's; docs/decisions/0076), or the parent's.
-_MESSAGE_KEY = re.compile(r"pgmb_message(?:_default|_p[0-9]{8})?_pkey")
+#: id went to (its day's, the far or the default partition's; docs/decisions/0076), or the
+#: parent's.
+_MESSAGE_KEY = re.compile(r"pgmb_message(?:_default|_far|_p[0-9]{8})?_pkey")
 
 
 def _duplicate(exc: IntegrityError) -> DuplicateMessage | UnknownDependency | None:

@@ -10,7 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 import psycopg
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 import pgmb
 from pgmb import conf, deliveries, history, ids
@@ -267,3 +267,22 @@ def test_a_day_of_which_the_default_partition_holds_many_rows_is_left_out(sql):
     assert ("pgmb_message", after) in days(sql)
     [(kept,)] = sql("SELECT count(*) FROM pgmb_message_default")
     assert kept == 10001
+
+
+@pytest.mark.parametrize(
+    "given, partition",
+    [
+        (lambda: ids.uuid7(), f"pgmb_message_p{today():%Y%m%d}"),
+        (lambda: v4_id(0xC3), "pgmb_message_far"),
+        (lambda: id_of_day(today() + timedelta(days=400)), "pgmb_message_default"),
+    ],
+    ids=["day", "far", "default"],
+)
+def test_a_taken_id_is_a_duplicate_wherever_it_is_stored(make_queue, sql, given, partition):
+    make_queue("order.*")
+    message_id = given()
+    pgmb.send("order.created", {"n": 1}, message_id=message_id)
+    assert stored_in(sql, message_id)[0] == partition
+    with pytest.raises(pgmb.DuplicateMessage, match=str(message_id)), transaction.atomic():
+        pgmb.send("order.created", {"n": 2}, message_id=message_id)
+    assert list(Message.objects.filter(id=message_id).values_list("body", flat=True)) == [{"n": 1}]

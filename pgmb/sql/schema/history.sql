@@ -195,17 +195,16 @@ BEGIN
     RETURN found;
 END $$;
 
--- Makes the partitions of the UTC days from `first` to `last` and the far partition, of
+-- Makes the partitions of the UTC days from `first` to `last` and the far partitions, of
 -- both history tables, that do not exist yet; returns how many tables it made. Rows of
--- their ranges already in the default partition (ids that producers gave, or a clock past
--- the days made) move into them, unless there are more than 10,000 in a range: moving
--- them would hold the locks as long, so that range is left out (its rows, and new ones,
--- stay in the default partition; a day that began before its partition was made is the
--- usual case, and the days after it are made). Does nothing, and says so in a NOTICE, while a default
--- partition holds more than `scan_limit` rows (NULL: no limit), or while its locks are
--- not had within a second (the next run tries again): publishing and claims never wait
--- longer for it. Both tables' partitions are made in one transaction, or none: a message's
--- attempts go where it goes.
+-- their ranges already in the default partition (ids that producers gave, or a day that
+-- began before its partition was made) move into them, unless a range has more than
+-- 10,000: moving them would hold the locks as long, so that range is left out (its rows,
+-- and new ones, stay in the default partition). Does nothing, and says so in a NOTICE,
+-- while a default partition holds more than `scan_limit` rows (NULL: no limit), or while
+-- its locks are not had within a second (the next run tries again): publishing and claims
+-- never wait longer for it. Both tables' partitions are made in one transaction: a
+-- message's attempts go where it goes.
 CREATE OR REPLACE FUNCTION pgmb.make_history_days(first date, last date,
                                                   scan_limit bigint DEFAULT pgmb.history_scan_limit())
 RETURNS integer

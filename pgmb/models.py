@@ -107,15 +107,14 @@ def timeout_within_lease(timeout: float, lease: float) -> bool:
     return timeout < lease
 
 
-def _trigger(name: str, body: str | None = None, **kwargs: Any) -> pgtrigger.Trigger:
+def _trigger(
+    name: str, body: str | None = None, *, guarded: bool = False, **kwargs: Any
+) -> pgtrigger.Trigger:
     """A trigger whose function body is the query ``body`` (default: ``name``) of
-    triggers.sql."""
-    return pgtrigger.Trigger(name=name, func=sql.query("triggers.sql", body or name), **kwargs)
-
-
-def _guarded_trigger(name: str, **kwargs: Any) -> pgtrigger.Trigger:
-    """A trigger that runs at every publish: pgtrigger.ignore() checked without its cost."""
-    return GuardedTrigger(name=name, func=sql.query("triggers.sql", name), **kwargs)
+    triggers.sql; ``guarded`` for one that runs at every publish (pgtrigger.ignore()
+    checked without its cost: GuardedTrigger)."""
+    kind = GuardedTrigger if guarded else pgtrigger.Trigger
+    return kind(name=name, func=sql.query("triggers.sql", body or name), **kwargs)
 
 
 def _times_outside(*columns: str) -> str:
@@ -683,8 +682,9 @@ class Message(models.Model):
         ]
         triggers = [
             # Once per publishing statement: guarded (pgmb/trigger_guard.py, decision 0073).
-            _guarded_trigger(
+            _trigger(
                 "route_messages",
+                guarded=True,
                 level=pgtrigger.Statement,
                 when=pgtrigger.After,
                 operation=pgtrigger.Insert,

@@ -114,6 +114,11 @@ PGMB = {
     # `manage.py pgmb_pipeline archive` without --older-than: finished messages older than
     # this many days go to the Parquet archive (the Spark pipeline).
     "PIPELINE_ARCHIVE_OLDER_THAN_DAYS": 7.0,
+    # History partitioned by day: days of partitions made ahead by housekeeping, and the
+    # age after which `manage.py pgmb_history retire` drops a day (None: only when asked
+    # with --older-than).
+    "HISTORY_PREMAKE_DAYS": 3,
+    "HISTORY_RETENTION_DAYS": None,
     # pgmb_delivery's indexes after a backlog: `pgmb_dispatch` rebuilds those larger than
     # 1 MB and than 4 times what the live rows need, once it has drained work, at most once
     # an hour (0: never; `manage.py pgmb_housekeeping` does it on demand).

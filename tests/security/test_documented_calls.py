@@ -205,6 +205,7 @@ _BY_TYPE = {
     "interval": "'1 day'",
     "bytea": "'\\x01'",
     "timestamp with time zone": "now() + interval '1 minute'",
+    "date": "current_date",
 }
 
 

@@ -593,6 +593,10 @@ DROP FUNCTION
 -- ==== Claims: one plan a session ====
 
 ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_custom_plan;
+ALTER FUNCTION pgmb.start(bigint[], uuid[]) SET plan_cache_mode = force_custom_plan;
+ALTER FUNCTION pgmb.ack(bigint[], integer[], double precision[]) SET plan_cache_mode = force_custom_plan;
+ALTER FUNCTION pgmb.settle_failures(bigint[], uuid[], integer[], text[], double precision[], double precision[], text)
+    SET plan_cache_mode = force_custom_plan;
 
 CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)
 RETURNS text[]

@@ -906,9 +906,14 @@ REVOKE EXECUTE ON PROCEDURE pgmb.loop_record(bigint[], uuid[], pgmb.http_outcome
 
 -- ==== Claims: one plan a session ====
 
--- The claim's statements have one plan whatever the statistics say (their other scans and
--- sorts are off): kept for the session instead of planned at every call (deliveries.sql).
+-- The statements of the claim and of the outcomes have one plan whatever the statistics
+-- say (their other scans and sorts are off): kept for the session instead of planned at
+-- every call (deliveries.sql).
 ALTER FUNCTION pgmb.claim(text[], integer) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgmb.start(bigint[], uuid[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgmb.ack(bigint[], integer[], double precision[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgmb.settle_failures(bigint[], uuid[], integer[], text[], double precision[], double precision[], text)
+    SET plan_cache_mode = force_generic_plan;
 
 -- PL/pgSQL, so that its query is planned once a session, not at every claim (routing.sql).
 CREATE OR REPLACE FUNCTION pgmb.signing_secrets(current text, worker_id uuid, at timestamptz)

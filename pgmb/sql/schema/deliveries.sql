@@ -77,11 +77,12 @@ END $$;
 -- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
 -- pages), a plan would otherwise read the whole table. Rows are found through the primary
 -- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
--- order picked. With those scans and sorts off, each of the claim's statements has one
--- plan whatever the statistics say, so the claim keeps one generic plan a session
--- (plan_cache_mode): planned at every call, it would spend half its CPU planning, and a
--- claim of one row (a dispatcher woken by one message) is what the latency of a delivery
--- waits for. The others are planned at every call (they take many rows at a time).
+-- order picked. With those scans and sorts off, each of these functions' statements has
+-- one plan whatever the statistics say or how many ids a call passes, so each keeps one
+-- generic plan a session (plan_cache_mode): planned at every call, a claim spent half its
+-- CPU planning, a start or an ack of one delivery (the in-database loop's) about a third;
+-- a claim of one row (a dispatcher woken by one message) is what the latency of a
+-- delivery waits for (tests/sql/test_steady_plans.py reads their plans).
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -179,7 +180,7 @@ END $$;
 -- as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.start(delivery_ids bigint[], lease_ids uuid[]) RETURNS integer
     LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
     AS $$
 DECLARE
     marked integer;
@@ -200,7 +201,7 @@ END $$;
 -- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
     LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
     AS $$
 DECLARE
     acked integer;
@@ -228,7 +229,7 @@ END $$;
 -- or 'dead'. The circuit breakers hear of the outcomes first. Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
     LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
     AS $$
 DECLARE
     settled integer;

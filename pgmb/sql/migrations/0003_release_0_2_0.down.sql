@@ -710,6 +710,15 @@ BEGIN
     END LOOP;
 END $$;
 
+-- 0.1.1's pgmb.duplicated for a stored message, inlined into the routing trigger's statement.
+CREATE OR REPLACE FUNCTION pgmb.duplicated(dedup_window float8, pattern text, message_id uuid,
+                                           dedup_id text, created_at timestamptz)
+RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+    SELECT pgmb.duplicated(dedup_window, pattern, message_id, dedup_id, created_at,
+                           (SELECT m.producer FROM pgmb_message m WHERE m.id = duplicated.message_id))
+$$;
+
 -- Printed while the tables are partitioned, the views and functions name the parent;
 -- made again, they name the plain table.
 SELECT pg_temp.unpartition_history_table('pgmb_message');

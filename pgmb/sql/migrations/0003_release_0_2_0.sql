@@ -1336,6 +1336,20 @@ SELECT pgmb.partition_history_table(h.parent, h.key) FROM pgmb.history_tables() 
 -- the old table until then.
 SELECT pgmb.premake_history(3, 100000);
 
+-- pgmb.duplicated for a stored message (the routing trigger's call): its producer read back.
+-- PL/pgSQL, so that it is not inlined into the routing trigger's statement: inlined, every
+-- publish planned and locked each of pgmb_message's partitions (one a day of history,
+-- history.sql), though only a message with a dedup id runs it.
+CREATE OR REPLACE FUNCTION pgmb.duplicated(dedup_window float8, pattern text, message_id uuid,
+                                           dedup_id text, created_at timestamptz)
+RETURNS SETOF uuid
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT pgmb.duplicated(dedup_window, pattern, message_id, dedup_id, created_at,
+                           (SELECT m.producer FROM pgmb_message m WHERE m.id = duplicated.message_id));
+END $$;
+
 -- A dispatcher found nothing to claim and is about to wait: mark it waiting. True once no
 -- message insert is in flight, after which every publisher sees the mark; false if one
 -- is (the caller claims again shortly and calls this again before it sleeps for long).

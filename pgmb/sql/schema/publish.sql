@@ -207,13 +207,18 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- pgmb.duplicated for a stored message (the routing trigger's call): its producer read back.
+-- PL/pgSQL, so that it is not inlined into the routing trigger's statement: inlined, every
+-- publish planned and locked each of pgmb_message's partitions (one a day of history,
+-- history.sql), though only a message with a dedup id runs it.
 CREATE OR REPLACE FUNCTION pgmb.duplicated(dedup_window float8, pattern text, message_id uuid,
                                            dedup_id text, created_at timestamptz)
 RETURNS SETOF uuid
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
     SELECT pgmb.duplicated(dedup_window, pattern, message_id, dedup_id, created_at,
-                           (SELECT m.producer FROM pgmb_message m WHERE m.id = duplicated.message_id))
-$$;
+                           (SELECT m.producer FROM pgmb_message m WHERE m.id = duplicated.message_id));
+END $$;
 
 -- The message a duplicate was dropped for: the caller's newest with this dedup id that one
 -- of the queues of the duplicate's routing key matches (pgmb.duplicated). The caller is

@@ -29,11 +29,20 @@ state to compare, so that a case and its baseline differ only in the size under 
    leave as the archive job deletes them (``delete_batch`` of
    ``pgmb/sql/queries/archive.sql``, transactions of the job's default batch size, after an
    untimed claim of the day into a written run), the next day's as ``pgmb.retire_history``
-   drops its partitions; each timed once, end to end.
+   drops its partitions; each timed once, end to end;
+7. stored history (``--history-only``, alone): case 1's publish and case 2's claim+ack in a
+   database holding ``--stored`` finished messages, each with its ack attempt, published over
+   ``--history-days`` days into their day partitions, against an empty one; both with the
+   partitions the broker's housekeeping premakes (``pgmb.premake_history``) and the same
+   backlog of ``--small-backlog`` ready deliveries. Afterwards every message published since
+   the fill is routed once (a delivery, or the ack attempt it left) and no delivery is leased:
 
-Cases 1-3 run in rounds next to their baseline (``bench/harness.py``); the best run of each
-counts (``--hot-table-only``: only cases 4 and 5; ``--retention-only``: only case 6). Every
-clone is dropped at the end unless ``--keep``.
+       scripts/with-cluster.sh .venv/bin/python bench/scale.py --history-only \\
+           --stored 10000000 --rounds 4 --seconds 2
+
+Cases 1-3 and 7 run in rounds next to their baseline (``bench/harness.py``); the best run of
+each counts (``--hot-table-only``: only cases 4 and 5; ``--retention-only``: only case 6;
+``--history-only``: only case 7). Every clone is dropped at the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -228,10 +237,7 @@ def fill_stored(
             "total": total,
             "spacing_ms": spacing_ms,
         }
-        (low,) = conn.execute(
-            "SELECT coalesce((SELECT id FROM pgmb_message ORDER BY id DESC LIMIT 1),"
-            " '00000000-0000-0000-0000-000000000000')"
-        ).fetchone()
+        low = last_message(conn)
         conn.execute(STORED, params)
         if acked:
             conn.execute(ACKED, {"queue": queue, "low": low})
@@ -291,19 +297,55 @@ def publish_case(label: str, conn: psycopg.Connection[Any], seconds: float) -> h
     return harness.Case(label, run)
 
 
-def routing_problems(conn: psycopg.Connection[Any], name: str) -> list[str]:
-    """Every message of the runs delivered once, to the order.* queue only."""
-    messages = rows(conn, "pgmb_message")
-    ours, others = conn.execute(
-        "SELECT count(*) FILTER (WHERE q.name = %s), count(*) FILTER (WHERE q.name <> %s)"
-        " FROM pgmb_delivery d JOIN pgmb_queue q ON q.id = d.queue_id",
-        (QUEUE, QUEUE),
+#: Messages after ``since`` and what routing made of each: a delivery, or the ack attempt
+#: its delivery left when it was claimed and acked (pgmb.ack).
+ROUTED = """
+WITH routed AS (
+    SELECT message_id, queue_id FROM pgmb_delivery WHERE message_id > %(since)s
+    UNION ALL
+    SELECT message_id, queue_id FROM pgmb_attempt
+    WHERE message_id > %(since)s AND outcome = 'ack'
+), per_message AS (
+    SELECT message_id, count(*) FILTER (WHERE queue_id = q.id) AS ours,
+           count(*) FILTER (WHERE queue_id <> q.id) AS others
+    FROM routed, (SELECT id FROM pgmb_queue WHERE name = %(queue)s) AS q
+    GROUP BY message_id
+)
+SELECT count(*), coalesce(sum(p.ours), 0), coalesce(sum(p.others), 0),
+       count(*) FILTER (WHERE coalesce(p.ours, 0) <> 1)
+FROM pgmb_message m LEFT JOIN per_message p ON p.message_id = m.id
+WHERE m.id > %(since)s
+"""
+
+NO_MESSAGE = "00000000-0000-0000-0000-000000000000"
+
+
+def last_message(conn: psycopg.Connection[Any]) -> str:
+    """The greatest message id stored (the nil UUID when there is none): messages published
+    from now on come after it."""
+    (last,) = conn.execute(
+        "SELECT coalesce((SELECT id FROM pgmb_message ORDER BY id DESC LIMIT 1), %s::uuid)",
+        (NO_MESSAGE,),
+    ).fetchone()
+    return str(last)
+
+
+def routing_problems(
+    conn: psycopg.Connection[Any], name: str, since: str = NO_MESSAGE
+) -> list[str]:
+    """Every message after ``since`` (all by default) routed once, to the order.* queue only:
+    a delivery, or its ack attempt once claimed and acked."""
+    messages, ours, others, not_once = conn.execute(
+        ROUTED, {"since": since, "queue": QUEUE}
     ).fetchone()
     problems = []
     if others:
         problems.append(f"{name}: {others:,} deliveries to queues that must match nothing")
-    if ours != messages:
-        problems.append(f"{name}: {ours:,} deliveries to {QUEUE} for {messages:,} messages")
+    if ours != messages or not_once:
+        problems.append(
+            f"{name}: {ours:,} deliveries to {QUEUE} for {messages:,} messages,"
+            f" {not_once:,} of them not routed once"
+        )
     return problems
 
 
@@ -599,6 +641,85 @@ def print_retention(result: Retention) -> None:
     )
 
 
+# --- 7: publish and claim+ack next to stored history. ---
+
+
+def lease_problems(conn: psycopg.Connection[Any], name: str) -> list[str]:
+    """Claims that every ack settled leave no delivery leased."""
+    (leased,) = conn.execute(
+        "SELECT count(*) FROM pgmb_delivery WHERE state = 'leased' OR lease_id IS NOT NULL"
+    ).fetchone()
+    return [f"{name}: {leased:,} deliveries still leased"] if leased else []
+
+
+def history_cases(db: dict[str, str], args: argparse.Namespace) -> list[str]:
+    """Case 7: publish and claim+ack in a database holding ``--stored`` finished messages
+    over ``--history-days`` days next to an empty one, both with the same small backlog;
+    routing and lease problems found."""
+    conns = {name: harness.connect(db[name]) for name in ("empty", "stored")}
+    try:
+        for conn in conns.values():
+            # Today's partitions and the next days', as the broker's housekeeping makes them.
+            conn.execute("SELECT pgmb.premake_history()")
+        days = args.history_days
+        print(f"\nFilling: {args.stored:,} messages over {days:g} days, each acked", flush=True)
+        began = time.monotonic()
+        fill_stored(conns["stored"], args.stored, days * 86_400_000 / args.stored, acked=True)
+        filled = time.monotonic() - began
+        print(f"  filled in {filled:.0f} s", flush=True)
+        since = {name: last_message(conn) for name, conn in conns.items()}
+        print(f"Backlogs: {args.small_backlog:,} in each", flush=True)
+        for conn in conns.values():
+            fill_backlog(conn, args.small_backlog)
+        load = harness.OtherLoad(harness.postmaster())
+        s = args.seconds
+        results = harness.measure(
+            [
+                (
+                    publish_case("empty", conns["empty"], s),
+                    publish_case("stored", conns["stored"], s),
+                ),
+                (
+                    claim_ack_case("empty claim", conns["empty"], s),
+                    claim_ack_case("stored claim", conns["stored"], s),
+                ),
+            ],
+            args.rounds,
+            load,
+        )
+        print(
+            f"\n7. Stored history: {args.stored:,} finished messages over {days:g} days, each "
+            f"with its ack attempt, in their day partitions (filled in {filled:.0f} s), against "
+            f"an empty database; both with a backlog of {args.small_backlog:,} ready. "
+            f"Publishing: INSERT ... SELECT of {BATCH}; claim+ack: batches of {BATCH} through "
+            f"pgmb.deliveries' statements, the backlog refilled after each {REFILL:,}; one "
+            f"connection, {args.rounds} runs of {s:g} s; best run; ratio to the empty database."
+            " CPU: the server backend's per message (least)."
+        )
+        stored = f"{args.stored:,} stored over {days:g} days"
+        harness.print_table(
+            results,
+            (
+                harness.Row("publish, empty", "empty"),
+                harness.Row(f"publish, {stored}", "stored", "rate", "empty", args.goal),
+                harness.Row("claim+ack, empty", "empty claim"),
+                harness.Row(
+                    f"claim+ack, {stored}", "stored claim", "rate", "empty claim", args.goal
+                ),
+            ),
+            harness.best,
+            (harness.Column("server us/msg", "server_us", harness.least),),
+        )
+        return [
+            p
+            for name, conn in conns.items()
+            for p in routing_problems(conn, name, since[name]) + lease_problems(conn, name)
+        ]
+    finally:
+        for conn in conns.values():
+            conn.close()
+
+
 # --- Main. ---
 
 
@@ -711,6 +832,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--retention-days", type=float, default=10.0, help="days they span (default 10)"
     )
     parser.add_argument(
+        "--history-only",
+        action="store_true",
+        help="only case 7 (publish and claim+ack next to --stored messages of history)",
+    )
+    parser.add_argument(
+        "--history-days", type=float, default=10.0, help="days case 7's messages span (10)"
+    )
+    parser.add_argument(
         "--no-dispatcher-housekeeping",
         dest="dispatcher_housekeeping",
         action="store_false",
@@ -739,28 +868,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = ("rss",)
     elif args.retention_only:
         names = ("retention",)
+    elif args.history_only:
+        names = ("empty", "stored")
     with (
         endpoints.fast_endpoint() as fast,
         harness.scratch_database(args.db, args.keep),
     ):
         set_up(fast.url())
         with clones(args.db, names, args.keep) as db:
-            harness.print_machine(
-                endpoint=f"{fast.describe()} on 127.0.0.1, answering 200",
-                sizes=f"stored {args.stored:,}, backlog {args.small_backlog:,} vs "
+            sizes = (
+                f"stored {args.stored:,}, backlog {args.small_backlog:,} vs "
                 f"{args.backlog:,}, queues 5 vs {args.queues:,}, "
-                f"rss deliveries {args.rss_deliveries:,}",
+                f"rss deliveries {args.rss_deliveries:,}"
             )
-            only = args.hot_table_only or args.retention_only
-            problems = [] if only else cases_1_to_3(db, names, args)
-            if not args.retention_only:
+            if args.history_only:
+                sizes = (
+                    f"stored {args.stored:,} acked over {args.history_days:g} days vs none, "
+                    f"backlog {args.small_backlog:,}"
+                )
+            harness.print_machine(
+                endpoint=f"{fast.describe()} on 127.0.0.1, answering 200", sizes=sizes
+            )
+            if args.history_only:
+                problems = history_cases(db, args)
+            elif args.hot_table_only or args.retention_only:
+                problems = []
+            else:
+                problems = cases_1_to_3(db, names, args)
+            if not (args.retention_only or args.history_only):
                 memory_and_hot_table(
                     db["rss"],
                     args.rss_deliveries,
                     args.autovacuum_wait,
                     args.dispatcher_housekeeping,
                 )
-            if not args.hot_table_only:
+            if not (args.hot_table_only or args.history_only):
                 print_retention(
                     retention(db["retention"], args.retention_stored, args.retention_days)
                 )
@@ -768,6 +910,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nROUTING CHECK FAILED:\n  " + "\n  ".join(problems))
         return 1
     checked = "" if args.hot_table_only or args.retention_only else "routing check passed; "
+    if args.history_only:
+        checked = "routing and lease check passed; "
     print(f"\n{checked}took {time.monotonic() - began:.0f} s")
     return 0
 

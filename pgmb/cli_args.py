@@ -9,6 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from django.core.management.base import CommandError
+from django.db import connections
+from django.utils.connection import ConnectionDoesNotExist
+
+from . import conf
+
 N = TypeVar("N", int, float)
 
 
@@ -27,3 +33,14 @@ def positive(kind: Callable[[str], N]) -> Callable[[str], N]:
     # argparse names the type in its error: "invalid positive int value: '0'".
     parse.__name__ = f"positive {getattr(kind, '__name__', 'number')}"
     return parse
+
+
+def database_alias(given: str | None) -> str:
+    """The database a command's ``--database`` names (default ``PGMB['DATABASE']``),
+    refused with a clear error when settings.DATABASES has no such alias."""
+    alias = given or conf.get().DATABASE
+    try:
+        connections[alias]
+    except ConnectionDoesNotExist:
+        raise CommandError(f"--database {alias!r} is not in settings.DATABASES") from None
+    return alias

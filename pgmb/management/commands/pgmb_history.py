@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections, transaction
-from django.utils.connection import ConnectionDoesNotExist
+from django.db import DatabaseError, transaction
 
 from pgmb import conf, history
 from pgmb.archive_age import days_problem
+from pgmb.cli_args import database_alias
 from pgmb.db.error_text import first_line
 from pgmb.db.statements import run
 
@@ -71,11 +71,7 @@ class Command(BaseCommand):
             )
 
     def handle(self, *args: Any, action: str, database: str | None, **options: Any) -> None:
-        alias = database or conf.get().DATABASE
-        try:
-            connections[alias]
-        except ConnectionDoesNotExist:
-            raise CommandError(f"--database {alias!r} is not in settings.DATABASES") from None
+        alias = database_alias(database)
         try:
             with transaction.atomic(using=alias):
                 if action == "premake":

@@ -17,10 +17,9 @@ from typing import Any
 
 import psycopg
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
-from django.utils.connection import ConnectionDoesNotExist
 
 from pgmb import conf, housekeeping
+from pgmb.cli_args import database_alias
 from pgmb.db.error_text import first_line
 
 
@@ -42,11 +41,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, dry_run: bool, database: str | None, **options: Any) -> None:
-        alias = database or conf.get().DATABASE
-        try:
-            connections[alias]
-        except ConnectionDoesNotExist:
-            raise CommandError(f"--database {alias!r} is not in settings.DATABASES") from None
+        alias = database_alias(database)
         try:
             report = housekeeping.housekeep(alias, dry_run=dry_run)
         except psycopg.Error as exc:

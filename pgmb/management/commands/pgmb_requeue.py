@@ -20,11 +20,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import Error as DjangoDatabaseError
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Q, QuerySet
-from django.utils.connection import ConnectionDoesNotExist
 
-from pgmb import conf, deliveries
+from pgmb import deliveries
+from pgmb.cli_args import database_alias
 from pgmb.db.error_text import database_reason, one_line
 from pgmb.message_input import parse_id
 from pgmb.models import DeadLetter, Queue
@@ -88,11 +88,7 @@ class Command(BaseCommand):
 
     def _handle(self, options: dict[str, Any]) -> None:
         self.verbosity: int = options["verbosity"]
-        using = options["database"] or conf.get().DATABASE
-        try:
-            connections[using]
-        except ConnectionDoesNotExist:
-            raise CommandError(f"--database {using!r} is not in settings.DATABASES") from None
+        using = database_alias(options["database"])
         refs = [parse_dead_letter_ref(text) for text in options["ids"] or []]
         purge, dry_run = options["purge"], options["dry_run"]
         verb = "purge" if purge else "requeue"

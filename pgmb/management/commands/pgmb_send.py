@@ -25,10 +25,10 @@ from typing import IO, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import Error as DjangoDatabaseError
-from django.db import connections, transaction
-from django.utils.connection import ConnectionDoesNotExist
+from django.db import transaction
 
 from pgmb import conf
+from pgmb.cli_args import database_alias
 from pgmb.db.error_text import database_reason, one_line
 from pgmb.durations import parse_delay
 from pgmb.errors import PgmbError
@@ -152,11 +152,7 @@ class Command(BaseCommand):
                     raise CommandError(
                         f"{flag} cannot be used with --file: give it per line, in an envelope"
                     )
-        using = options["database"] or conf.get().DATABASE
-        try:
-            connections[using]
-        except ConnectionDoesNotExist:
-            raise CommandError(f"--database {using!r} is not in settings.DATABASES") from None
+        using = database_alias(options["database"])
         headers = (
             parse_headers(self._json(options["headers"], "--headers"), "--headers")
             if options["headers"] is not None

@@ -16,10 +16,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import Error as DjangoDatabaseError
-from django.db import connections
-from django.utils.connection import ConnectionDoesNotExist
 
-from pgmb import conf, metrics
+from pgmb import metrics
+from pgmb.cli_args import database_alias
 from pgmb.db.error_text import database_reason, one_line
 
 
@@ -116,11 +115,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = options["database"] or conf.get().DATABASE
-        try:
-            connections[using]
-        except ConnectionDoesNotExist:
-            raise CommandError(f"--database {using!r} is not in settings.DATABASES") from None
+        using = database_alias(options["database"])
         try:
             snapshot = metrics.collect(using)
         except DjangoDatabaseError as exc:

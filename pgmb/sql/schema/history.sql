@@ -54,6 +54,9 @@ DECLARE
     i record;
     g record;
     def text;
+    seq_name name;
+    seq_acl aclitem[];
+    seq_owner name;
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = old) = 'p' THEN
         RETURN;
@@ -84,11 +87,33 @@ BEGIN
     EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS'
                    ' INCLUDING STORAGE INCLUDING COMMENTS) PARTITION BY RANGE (%I)',
                    schema, tbl, old, key);
-    -- An identity column keeps its sequence: rows go in through the parent, whose
-    -- default is the one that counts.
-    FOR i IN SELECT a.attname FROM pg_attribute a WHERE a.attrelid = old AND a.attidentity <> '' LOOP
+    -- An identity column becomes a column of the parent drawing from a sequence of the
+    -- same name, options, state, grants and owner (PostgreSQL 17 and later refuse to attach
+    -- a table with an identity column as a partition; before 17 a partitioned table's
+    -- identity is not its partitions'): rows go in through the parent, whose default counts.
+    FOR i IN SELECT a.attname, pg_get_serial_sequence(old::text, a.attname)::regclass AS seq,
+                    format_type(a.atttypid, a.atttypmod) AS kind
+             FROM pg_attribute a WHERE a.attrelid = old AND a.attidentity <> '' LOOP
+        SELECT c.relname, c.relacl, c.relowner::regrole::name INTO seq_name, seq_acl, seq_owner
+        FROM pg_class c WHERE c.oid = i.seq;
+        SELECT format('AS %s INCREMENT %s MINVALUE %s MAXVALUE %s START %s CACHE %s %s', i.kind,
+                      q.seqincrement, q.seqmin, q.seqmax, q.seqstart, q.seqcache,
+                      CASE WHEN q.seqcycle THEN 'CYCLE' ELSE 'NO CYCLE' END)
+            INTO def FROM pg_sequence q WHERE q.seqrelid = i.seq;
+        EXECUTE format('CREATE SEQUENCE %I.%I %s', schema, seq_name || '_new', def);
+        EXECUTE format('SELECT setval(%L, last_value, is_called) FROM %s',
+                       format('%I.%I', schema, seq_name || '_new'), i.seq);
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', old, i.attname);
+        EXECUTE format('ALTER SEQUENCE %I.%I RENAME TO %I', schema, seq_name || '_new', seq_name);
+        EXECUTE format('ALTER SEQUENCE %I.%I OWNER TO %I', schema, seq_name, seq_owner);
+        FOR g IN SELECT a.privilege_type, a.grantee FROM aclexplode(seq_acl) a
+                 WHERE a.grantee <> (SELECT relowner FROM pg_class WHERE oid = old) LOOP
+            EXECUTE format('GRANT %s ON SEQUENCE %I.%I TO %s', g.privilege_type, schema, seq_name,
+                           CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(g.grantee::regrole::text) END);
+        END LOOP;
         EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN %I SET DEFAULT nextval(%L::regclass)', schema, tbl,
-                       i.attname, pg_get_serial_sequence(old::text, i.attname));
+                       i.attname, format('%I.%I', schema, seq_name));
+        EXECUTE format('ALTER SEQUENCE %I.%I OWNED BY %I.%I.%I', schema, seq_name, schema, tbl, i.attname);
     END LOOP;
     -- The primary key where it holds the partition key (the message's id); the attempt's
     -- id stays unique in each partition and, drawn from one sequence, in all.

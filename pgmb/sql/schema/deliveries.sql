@@ -79,8 +79,8 @@ END $$;
 -- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
 -- order picked. With those scans and sorts off, each of these functions' statements has
 -- one plan whatever the statistics say or how many ids a call passes, so each keeps one
--- generic plan a session (plan_cache_mode): planned at every call, a claim spent half its
--- CPU planning, a start or an ack of one delivery (the in-database loop's) about a third;
+-- generic plan a session (plan_cache_mode): planned at every call, a claim would spend half
+-- its CPU planning, a start or an ack of one delivery (the in-database loop's) a third;
 -- a claim of one row (a dispatcher woken by one message) is what the latency of a
 -- delivery waits for (tests/sql/test_steady_plans.py reads their plans).
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed

@@ -207,9 +207,9 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- pgmb.duplicated for a stored message (the routing trigger's call): its producer read back.
--- PL/pgSQL, so that it is not inlined into the routing trigger's statement: inlined, every
--- publish planned and locked each of pgmb_message's partitions (one a day of history,
--- history.sql), though only a message with a dedup id runs it.
+-- PL/pgSQL, so that it is not inlined into the routing trigger's statement, whose plan
+-- would then read and lock each of pgmb_message's partitions (one a day of history,
+-- history.sql) at every publish; only a message with a dedup id runs it.
 CREATE OR REPLACE FUNCTION pgmb.duplicated(dedup_window float8, pattern text, message_id uuid,
                                            dedup_id text, created_at timestamptz)
 RETURNS SETOF uuid

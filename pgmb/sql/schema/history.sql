@@ -298,12 +298,19 @@ BEGIN
     IF cardinality(crowded) > 0 THEN
         RAISE NOTICE 'pgmb: history partitions not made: %, whose rows the default partition already holds more than % of',
             array_to_string(crowded, ', '), most_moved;
+        SELECT array_agg(n.parent ORDER BY n.i), array_agg(n.partition ORDER BY n.i),
+               array_agg(n.low ORDER BY n.i), array_agg(n.high ORDER BY n.i)
+            INTO parents, parts, lows, highs
+        FROM unnest(parents, parts, lows, highs) WITH ORDINALITY AS n(parent, partition, low, high, i)
+        WHERE substring(n.partition FROM length(n.parent) + 1) <> ALL (crowded);
+        IF parts IS NULL THEN
+            RETURN 0;
+        END IF;
     END IF;
     FOR h IN SELECT * FROM pgmb.history_tables() LOOP
         checks := '{}';
         FOR i IN 1 .. cardinality(parts) LOOP
-            CONTINUE WHEN parents[i] <> h.parent
-                       OR substring(parts[i] FROM length(parents[i]) + 1) = ANY (crowded);
+            CONTINUE WHEN parents[i] <> h.parent;
             EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
                            parts[i], h.parent);
             PERFORM pgmb.copy_table_grants(h.parent::regclass, parts[i]::regclass);
@@ -321,8 +328,7 @@ BEGIN
         -- ALTER TABLE checks all its constraints in one scan): the ATTACHes read nothing.
         EXECUTE format('ALTER TABLE %I %s', h.parent || '_default', array_to_string(checks, ', '));
         FOR i IN 1 .. cardinality(parts) LOOP
-            CONTINUE WHEN parents[i] <> h.parent
-                       OR substring(parts[i] FROM length(parents[i]) + 1) = ANY (crowded);
+            CONTINUE WHEN parents[i] <> h.parent;
             EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%s)',
                            h.parent, parts[i], lows[i], coalesce(quote_literal(highs[i]), 'MAXVALUE'));
             EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', h.parent || '_default', parts[i] || '_new');

@@ -267,6 +267,10 @@ def test_a_day_of_which_the_default_partition_holds_many_rows_is_left_out(sql):
     assert ("pgmb_message", after) in days(sql)
     [(kept,)] = sql("SELECT count(*) FROM pgmb_message_default")
     assert kept == 10001
+    # Asked for that day alone, there is nothing left to make.
+    [(again,)] = sql("SELECT pgmb.make_history_days(%s, %s)", (crowded, crowded))
+    assert again == 0
+    assert ("pgmb_message", crowded) not in days(sql)
 
 
 @pytest.mark.parametrize(

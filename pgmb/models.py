@@ -840,7 +840,8 @@ class Delivery(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.message_id} → {self.queue_id}"
+        # The queue by name: the title of the delivery's page in the admin.
+        return f"{self.message_id} → {self.queue.name}"
 
 
 class DeadLetter(models.Model):
@@ -882,7 +883,8 @@ class DeadLetter(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.message_id} ✗ {self.queue_id}"
+        # The queue by name: the title of the dead letter's page in the admin.
+        return f"{self.message_id} ✗ {self.queue.name}"
 
 
 class Attempt(models.Model):

@@ -7,16 +7,13 @@ replayed (see :mod:`pgmb.admin.replay`), which call it.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
@@ -24,7 +21,6 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .. import publish
-from ..message_limits import MAX_DEPTH
 from ..models import Attempt, DeadLetter, Delivery, Message, Queue
 from . import dead_letters, filters, replay
 from .common import (
@@ -35,12 +31,12 @@ from .common import (
     ReadOnlyMixin,
     delivery_status,
     message_link,
-    pretty_json,
     queue_name_of,
     refuse_unpermitted,
     routing_key_of,
 )
 from .paginator import EstimatedCountPaginator
+from .stored_message import attempt_timeline, duration_text, pretty_stored, stored_texts
 from .stored_times import comparable_time, readable_times, shown_time
 
 if TYPE_CHECKING:
@@ -88,9 +84,8 @@ def _status(obj: Delivery) -> str:
     return delivery_status(obj.state, comparable_time(obj, "available_at"))
 
 
-def _duration(obj: Attempt) -> str:
-    return "-" if obj.duration_ms is None else f"{obj.duration_ms:.1f} ms"
-
+#: Characters of a dead letter's last error shown in the list.
+SHORT_ERROR = 60
 
 #: The attribute a message row's "routed" flag is hung on.
 ROUTED = "pgmb_routed"
@@ -176,7 +171,7 @@ class _AttemptColumns(_ColumnsBase):
 
     @admin.display(description=_("duration"), ordering="duration_ms")
     def duration(self, obj: Attempt) -> str:
-        return _duration(obj)
+        return duration_text(obj.duration_ms)
 
 
 class AttemptInline(_AttemptColumns, ReadOnlyInline):
@@ -273,56 +268,22 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, _TimeColumns, admin.ModelA
 
     @admin.display(description=_("body"))
     def pretty_body(self, obj: Message) -> SafeString:
-        return _pretty_stored(_stored_json(obj)[0])
+        return pretty_stored(_stored_json(obj)[0])
 
     @admin.display(description=_("headers"))
     def pretty_headers(self, obj: Message) -> SafeString:
-        return _pretty_stored(_stored_json(obj)[1])
+        return pretty_stored(_stored_json(obj)[1])
 
 
 _STORED = "pgmb_stored_json"
-#: A JSON string (with its escapes), or anything but a bracket: what the depth scan skips.
-_NOT_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[^\[\]{}"]+')
 
 
 def _stored_json(obj: Message) -> tuple[str, str]:
     """The message's body and headers as PostgreSQL prints them, in one query, kept on obj."""
     if not hasattr(obj, _STORED):
-        texts = (
-            Message.objects.using(obj._state.db)
-            .filter(pk=obj.pk)
-            .values_list(Cast("body", TextField()), Cast("headers", TextField()))
-            .get()
-        )
-        setattr(obj, _STORED, texts)
+        setattr(obj, _STORED, stored_texts(obj.pk, obj._state.db) or ("null", "null"))
     stored: tuple[str, str] = getattr(obj, _STORED)
     return stored
-
-
-def _json_depth(text: str) -> int:
-    """How deep containers nest in a JSON text, counted without recursion."""
-    depth = deepest = 0
-    for bracket in _NOT_BRACKETS.sub("", text):
-        if bracket in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
-def _pretty_stored(text: str) -> SafeString:
-    """Indented JSON; a value nested deeper than publishing allows (stored before the limit,
-    or by the tables' owner) as stored, with a note: indenting it would recurse too deep."""
-    if _json_depth(text) <= MAX_DEPTH:
-        return pretty_json(json.loads(text))
-    return format_html(
-        '<p class="help">{}</p>'
-        '<pre class="pgmb-json" style="margin:0;white-space:pre-wrap">{}</pre>',
-        _("Nested too deep to indent (more than %(depth)s levels): shown as stored.")
-        % {"depth": MAX_DEPTH},
-        text,
-    )
 
 
 def _hang_routed(messages: list[Message], using: str | None) -> None:
@@ -353,8 +314,41 @@ class _ByMessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
         return message_link(obj.message_id, obj.routing_key)
 
 
+class _MessagePage(_ColumnsBase):
+    """The page of a delivery or a dead letter: its queue and worker by name, and its
+    message (routing key, body, headers) with every attempt on that queue."""
+
+    @admin.display(description=_("queue"))
+    def queue_name(self, obj: Delivery | DeadLetter) -> str:
+        return obj.queue.name
+
+    @admin.display(description=_("worker"))
+    def worker_name(self, obj: Delivery | DeadLetter) -> StrOrPromise:
+        worker = obj.queue.worker
+        return _("none (a pull queue)") if worker is None else worker.name
+
+    @admin.display(description=_("message"))
+    def message_page_ref(self, obj: Delivery | DeadLetter) -> SafeString:
+        stored = Message.objects.using(obj._state.db).filter(pk=obj.message_id)
+        return message_link(obj.message_id, stored.values_list("routing_key", flat=True).first())
+
+    @admin.display(description=_("body"))
+    def body(self, obj: Delivery | DeadLetter) -> SafeString | str:
+        stored = stored_texts(obj.message_id, obj._state.db)
+        return "-" if stored is None else pretty_stored(stored[0])
+
+    @admin.display(description=_("headers"))
+    def headers(self, obj: Delivery | DeadLetter) -> SafeString | str:
+        stored = stored_texts(obj.message_id, obj._state.db)
+        return "-" if stored is None else pretty_stored(stored[1])
+
+    @admin.display(description=_("attempts on this queue"))
+    def timeline(self, obj: Delivery | DeadLetter) -> SafeString:
+        return attempt_timeline(obj.message_id, obj.queue_id, obj._state.db)
+
+
 @admin.register(Delivery)
-class DeliveryAdmin(_TimeColumns, _ByMessageAdmin):
+class DeliveryAdmin(_MessagePage, _TimeColumns, _ByMessageAdmin):
     list_display = (
         "id",
         "message_ref",
@@ -377,6 +371,23 @@ class DeliveryAdmin(_TimeColumns, _ByMessageAdmin):
     # retry would pay for (docs/decisions/0017-admin-lists-read-through-indexes.md).
     ordering = ("id",)
     sortable_by = ("id",)
+    fields = (
+        "queue_name",
+        "worker_name",
+        "message_page_ref",
+        "status",
+        "priority",
+        "group_key",
+        "attempts",
+        "last_status",
+        "last_error",
+        "available_time",
+        "created_time",
+        "body",
+        "headers",
+        "timeline",
+    )
+    readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return _with_times(super().get_queryset(request))
@@ -387,16 +398,31 @@ class DeliveryAdmin(_TimeColumns, _ByMessageAdmin):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(_ByMessageAdmin):
+class DeadLetterAdmin(_MessagePage, _ByMessageAdmin):
     list_display = (
         "id",
         "message_ref",
         "queue",
         "attempts",
         "last_status",
-        "last_error",
+        "short_error",
         "created_at",
     )
+    fields = (
+        "queue_name",
+        "worker_name",
+        "message_page_ref",
+        "attempts",
+        "last_status",
+        "last_error",
+        "created_at",
+        "body",
+        "headers",
+        "timeline",
+    )
+    readonly_fields = fields
+    # The page's "Requeue" button posts the list's action for this one dead letter.
+    change_form_template = "admin/pgmb/dead_letter_change_form.html"
     list_filter = (
         filters.QueueFilter,
         filters.WorkerFilter,
@@ -413,6 +439,25 @@ class DeadLetterAdmin(_ByMessageAdmin):
     ) -> HttpResponse:
         refuse_unpermitted(self, request, ["requeue_selected", "requeue_queues", "purge_selected"])
         return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_requeue": dead_letters.can_requeue(request)}
+        return super().change_view(request, object_id, form_url, extra)
+
+    @admin.display(description=_("last error"))
+    def short_error(self, obj: DeadLetter) -> SafeString | str:
+        """The error's first line, cut to fit the list; the whole of it on the page."""
+        error = obj.last_error or ""
+        line = error.splitlines()[0] if error else ""
+        if len(line) <= SHORT_ERROR and line == error:
+            return error
+        return format_html('<span title="{}">{}…</span>', error, line[:SHORT_ERROR])
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return dead_letters.can_requeue(request)

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import pgmb
+from pgmb import deliveries
 from pgmb.models import DeadLetter, Delivery, Message, Queue
 
 from .conftest import url
@@ -344,3 +345,70 @@ def test_purge_permission_alone_grants_the_purge(client, django_user_model, dead
 
     assert shown_messages(follow(staff, response)) == ["Purged 2 dead letters."]
     assert dead_ids() == {letter.pk for letter in dead["order_letters"]}
+
+
+def die_twice(queue, body, headers):
+    """A message that fails twice on ``queue`` (max_retries 1) through the state machine:
+    503, then 410 and a long error; returns its dead letter."""
+    message_id = pgmb.send("order.created", body, headers=headers)
+    for status, error in ((503, "maintenance"), (410, "gone: " + "x" * 100 + "\nsecond line")):
+        Delivery.objects.filter(message_id=message_id).update(available_at=timezone.now())
+        [claimed] = deliveries.claim([queue.name], 1)
+        deliveries.fail([deliveries.Failure(claimed.delivery_id, claimed.lease_id, status, error)])
+    return DeadLetter.objects.get(message_id=message_id)
+
+
+def test_a_dead_letters_page_shows_its_message_and_every_attempt(
+    client, django_user_model, make_queue, make_worker
+):
+    orders = make_queue(
+        "order.*", name="orders", max_retries=1, worker=make_worker(name="orders_service")
+    )
+    letter = die_twice(orders, {"order": 7, "lines": [1, 2]}, {"tenant": "acme"})
+    viewer = staff_client(client, django_user_model)
+
+    page = viewer.get(url("deadletter_change", letter.pk)).content.decode()
+
+    # Titled by its queue's name, not its uuid.
+    assert f"{letter.message_id} ✗ orders" in page
+    assert str(orders.id) not in page
+    assert "orders_service" in page
+    assert "order.created" in page
+    assert "&quot;order&quot;: 7" in page and "&quot;tenant&quot;: &quot;acme&quot;" in page
+    timeline = page[page.index('class="pgmb-timeline"') :]
+    rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]+)</td><td>(\d*)</td>", timeline)
+    assert rows == [("1", "will retry", "503"), ("2", "dead-lettered", "410")]
+    assert "maintenance" in timeline and "second line" in timeline
+    # Viewing is not requeueing: no button without the permission.
+    assert 'id="pgmb-requeue"' not in page
+
+
+def test_the_requeue_button_of_a_dead_letters_page_requeues_it(
+    client, django_user_model, make_queue
+):
+    orders = make_queue("order.*", name="orders", max_retries=1)
+    letter = die_twice(orders, {"order": 8}, {})
+    operator = staff_client(client, django_user_model, "requeue_deadletter")
+    page = operator.get(url("deadletter_change", letter.pk)).content.decode()
+    form = page[page.rindex("<form", 0, page.index('id="pgmb-requeue"')) :]
+    fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form[: form.index("</form>")]))
+    action = re.search(r'action="([^"]+)"', form).group(1)
+
+    response = operator.post(action, fields)
+
+    assert response.status_code == 302
+    assert not DeadLetter.objects.filter(pk=letter.pk).exists()
+    assert live_deliveries() == {(letter.message_id, "orders", 0, "ready")}
+    [entry] = LogEntry.objects.filter(action_flag=CHANGE)
+    assert entry.object_repr == f"{letter.message_id} ✗ orders"
+
+
+def test_the_dead_letter_list_cuts_long_errors_to_one_line(client, django_user_model, make_queue):
+    orders = make_queue("order.*", name="orders", max_retries=1)
+    letter = die_twice(orders, {"order": 9}, {})
+    viewer = staff_client(client, django_user_model)
+
+    page = viewer.get(url("deadletter_changelist")).content.decode()
+
+    # The whole error is the cut line's tooltip (and on the dead letter's page).
+    assert f'<span title="{letter.last_error}">gone: {"x" * 54}…</span>' in page

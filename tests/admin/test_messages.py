@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 import pgmb
+from pgmb import deliveries
 from pgmb.models import Attempt, DeadLetter, Delivery, Message
 
 from .conftest import table_rows, url
@@ -226,3 +227,32 @@ def test_changelist_queries_do_not_grow_with_rows(
     routed = routed_in_admin(response)
     assert len(routed) == 30
     assert sum(routed.values()) == 14  # the order.created ones
+
+
+def test_a_deliverys_page_shows_its_message_and_its_attempts(admin_client, make_queue):
+    orders = make_queue("order.*", name="orders", max_retries=3)
+    message_id = pgmb.send("order.created", {"order": 11}, headers={"tenant": "acme"})
+    [claimed] = deliveries.claim(["orders"], 1)
+    deliveries.fail([deliveries.Failure(claimed.delivery_id, claimed.lease_id, 503, "busy")])
+    delivery = Delivery.objects.get(message_id=message_id)
+
+    page = admin_client.get(url("delivery_change", delivery.pk)).content.decode()
+
+    assert f"{message_id} → orders" in page
+    assert str(orders.id) not in page
+    assert "&quot;order&quot;: 11" in page and "&quot;tenant&quot;: &quot;acme&quot;" in page
+    timeline = page[page.index('class="pgmb-timeline"') :]
+    assert re.findall(r"<tr><td>(\d+)</td><td>([^<]+)</td><td>(\d*)</td>", timeline) == [
+        ("1", "will retry", "503")
+    ]
+
+
+def test_a_body_longer_than_a_page_shows_is_cut_and_says_so(admin_client, make_queue):
+    make_queue("order.*", name="orders")
+    message_id = pgmb.send("order.created", {"note": "y" * 70_000})
+    delivery = Delivery.objects.get(message_id=message_id)
+
+    for page_url in (url("delivery_change", delivery.pk), url("message_change", message_id)):
+        page = admin_client.get(page_url).content.decode()
+        assert "The first 65,536 of 70,012 characters, as stored." in page
+        assert "y" * 65_000 in page and "y" * 70_000 not in page

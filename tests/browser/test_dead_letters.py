@@ -131,6 +131,34 @@ def test_requeue_a_dead_letter_from_its_list_and_see_it_delivered(
     assert not Delivery.objects.exists()
 
 
+def test_read_a_dead_letter_on_its_page_requeue_it_there_and_see_it_delivered(
+    page, operator, dead_letters, recording_server
+):
+    chosen = dead_letters.by_n[3]  # the 404
+    log_in(page, operator)
+    page.goto(CHANGELIST)
+    page.locator("#result_list tbody tr", has_text="no such order").locator("th a").click()
+
+    # The page says which queue and worker, shows the message and its attempt.
+    expect(page.locator("#content h2")).to_have_text(f"{chosen} ✗ orders")
+    expect(page.locator(".field-worker_name")).to_contain_text("orders_service")
+    expect(page.locator(".field-body")).to_contain_text('"n": 3')
+    timeline = page.locator(".pgmb-timeline tbody tr")
+    expect(timeline).to_have_count(1)
+    expect(timeline).to_contain_text("dead-lettered")
+    expect(timeline).to_contain_text("404")
+    screenshot(page, "dead-letter-page")
+
+    page.locator("#pgmb-requeue").click()
+
+    expect(page.locator(".messagelist .success")).to_have_text("Requeued 1 dead letter.")
+    expect(rows(page)).to_have_count(3)
+    wait_until(lambda: acked([chosen]), message="the requeued message to be acked")
+    (request,) = delivered(recording_server)
+    assert request.json() == {"n": 3}
+    assert not DeadLetter.objects.filter(message_id=chosen).exists()
+
+
 def test_requeue_a_whole_queue_after_confirming_and_see_it_delivered(
     page, operator, dead_letters, recording_server
 ):

@@ -47,12 +47,14 @@ class Range:
 HOUR = datetime.timedelta(hours=1)
 #: The last hour, minute by minute, read live from pgmb's tables.
 LIVE = Range("1h", "last hour", HOUR, datetime.timedelta(minutes=1))
+#: The last 15 minutes, minute by minute: the live hour's last 16 points.
+RECENT = Range("15m", "last 15 minutes", datetime.timedelta(minutes=15), LIVE.step)
 #: The last day and week, hour by hour, from the pipeline's statistics.
 DAY = Range("24h", "last 24 hours", datetime.timedelta(days=1), HOUR)
 WEEK = Range("7d", "last 7 days", datetime.timedelta(days=7), HOUR)
 
-#: Every range, by key.
-RANGES: dict[str, Range] = {r.key: r for r in (LIVE, DAY, WEEK)}
+#: Every range, by key, shortest first.
+RANGES: dict[str, Range] = {r.key: r for r in (RECENT, LIVE, DAY, WEEK)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,28 @@ def _points(names: list[str], rows: list[tuple[Any, ...]]) -> list[Point]:
     return [Point(**dict(zip(names, row, strict=True))) for row in rows]
 
 
+def _recent(points: list[Point]) -> list[Point]:
+    """The last 15 minutes of the live hour: the minute holding now() - 15 minutes to now's.
+    Each point of the hour is complete in itself (a depth is the count at the end of its
+    minute), so the last ones are the shorter range as it is."""
+    return points[-(RECENT.span // RECENT.step + 1) :]
+
+
+def _recent_points(names: list[str], rows: list[tuple[Any, ...]]) -> list[Point]:
+    return _recent(_points(names, rows))
+
+
+def fitted(points: list[Point]) -> tuple[Range, list[Point]]:
+    """The range the dashboard opens on, and its points, from the live hour's: the last 15
+    minutes when nothing happened before them (a short history, as on a new install, is not
+    a sliver at the right edge of an hour), else the hour."""
+    recent = _recent(points)
+    earlier = points[: len(points) - len(recent)]
+    if any(p.delivered or p.failed or p.unrouted or p.depth for p in earlier):
+        return LIVE, points
+    return RECENT, recent
+
+
 def series_call(
     range: Range = LIVE,
     queue: str | None = None,
@@ -91,7 +115,9 @@ def series_call(
     """The statement of :func:`series`; ``now`` places an hourly range (default: now)."""
     if range.live:
         return Call(
-            sql.query("dashboard.sql", "live_minutes"), {"queue": queue, "worker": worker}, _points
+            sql.query("dashboard.sql", "live_minutes"),
+            {"queue": queue, "worker": worker},
+            _recent_points if range == RECENT else _points,
         )
     # The hour in progress is the last step: the job fills it on its next run.
     moment = now or datetime.datetime.now(datetime.timezone.utc)

@@ -203,9 +203,9 @@ def _chart(
         at += 18 + LEGEND_CHAR * len(label) + 16
 
     plot = _el(svg, "g", class_="pgmb-chart-data")
-    if kind == "line":
+    if kind in ("line", "steps"):
         for s in series:
-            _lines(plot, frame, s)
+            _lines(plot, frame, s, steps=kind == "steps")
     else:
         _bars(plot, frame, series)
     if not values:
@@ -228,15 +228,20 @@ def _chart(
     return mark_safe(ET.tostring(svg, encoding="unicode"))  # noqa: S308  (built and escaped by ElementTree)
 
 
-def _lines(plot: ET.Element, frame: _Frame, s: Series) -> None:
-    """A polyline per run of values; a lone value between gaps is a dot."""
+def _lines(plot: ET.Element, frame: _Frame, s: Series, steps: bool) -> None:
+    """A polyline per run of values; a lone value between gaps is a dot. With ``steps``,
+    each value is a level across its whole slot instead: a lone value is a short line."""
     runs: list[list[tuple[float, float]]] = [[]]
     for i, value in enumerate(s.values):
         if value is None:
             if runs[-1]:
                 runs.append([])
             continue
-        runs[-1].append((frame.x(i), frame.y(value)))
+        if steps:
+            left = frame.left + i * frame.slot
+            runs[-1] += [(left, frame.y(value)), (left + frame.slot, frame.y(value))]
+        else:
+            runs[-1].append((frame.x(i), frame.y(value)))
     for run in runs:
         if len(run) == 1:
             _el(plot, "circle", cx=_n(run[0][0]), cy=_n(run[0][1]), r="2", fill=s.color)
@@ -268,11 +273,14 @@ def line_chart(
     series: Sequence[Series],
     *,
     unit: str = "",
+    steps: bool = False,
     width: int = WIDTH,
     height: int = HEIGHT,
 ) -> SafeString:
-    """Lines over the slots ``x``; the axis names the slots whose indexes ``ticks`` lists."""
-    return _chart("line", title, x, ticks, series, unit, width, height)
+    """Lines over the slots ``x``; the axis names the slots whose indexes ``ticks`` lists.
+    ``steps``: each value drawn level across its slot (a value that stands for the whole
+    slot, such as a percentile of its requests), so that a lone one is a line, not a dot."""
+    return _chart("steps" if steps else "line", title, x, ticks, series, unit, width, height)
 
 
 def bar_chart(

@@ -34,7 +34,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
-from django.utils.translation import gettext
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import conf, dashboard_series, dispatcher_registry, hourly_stats, metrics
@@ -47,8 +47,9 @@ from .dispatchers import state_badge
 #: Who sees the dashboard (and reads /metrics when logged in): staff with this permission.
 VIEW_PERMISSION = "pgmb.view_dashboard"
 
-#: Minutes between the named ticks of the time axis.
+#: Minutes between the named ticks of the time axis: of the live hour, of 15 minutes.
 TICK_MINUTES = 10
+RECENT_TICK_MINUTES = 5
 
 
 class ScopeForm(forms.Form):
@@ -73,14 +74,18 @@ class ScopeForm(forms.Form):
             raise forms.ValidationError(_("Choose a queue or a worker, not both."))
         return data
 
-    def chosen(self) -> tuple[dashboard_series.Range, str | None, str | None]:
+    def chosen(self) -> tuple[dashboard_series.Range | None, str | None, str | None]:
         """The valid form's range, queue and worker (None: not chosen)."""
         data = self.cleaned_data
         return (
-            dashboard_series.RANGES.get(data.get("range") or "", dashboard_series.LIVE),
+            dashboard_series.RANGES.get(data.get("range") or ""),
             data.get("queue") or None,
             data.get("worker") or None,
         )
+
+    def show_range(self, range_: dashboard_series.Range) -> None:
+        """Show ``range_`` as chosen: the one the page opened on when none was asked for."""
+        self.data = {**self.data, "range": range_.key}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +103,13 @@ def _step_names(
     points: Sequence[dashboard_series.Point], range_: dashboard_series.Range
 ) -> tuple[list[str], list[int]]:
     """Each point's local time, and the indexes of the named ticks: round ten minutes in
-    the live hour, every sixth hour in a day, midnights in a week."""
+    the live hour (five in its last 15 minutes), every sixth hour in a day, midnights in a week."""
     times = [timezone.localtime(p.at) for p in points]
     if range_.live:
+        every = TICK_MINUTES if range_.span > dashboard_series.RECENT.span else RECENT_TICK_MINUTES
         return (
             [t.strftime("%H:%M") for t in times],
-            [i for i, t in enumerate(times) if t.minute % TICK_MINUTES == 0],
+            [i for i, t in enumerate(times) if t.minute % every == 0],
         )
     if range_.span <= dashboard_series.DAY.span:
         return (
@@ -159,6 +165,7 @@ def build_charts(
                     charts.Series("p95", values["latency_p95_ms"], charts.ORANGE),
                 ],
                 unit="ms",
+                steps=True,
             ),
             gettext("How long the workers took to answer; no line: no request that minute."),
         ),
@@ -170,7 +177,11 @@ def build_charts(
                 ticks,
                 [charts.Series(gettext("unrouted"), values["unrouted"], charts.GREY)],
             ),
-            gettext("%(range)s: %(n)d published messages matched no queue.")
+            ngettext(
+                "%(range)s: %(n)d published message matched no queue.",
+                "%(range)s: %(n)d published messages matched no queue.",
+                sum(values["unrouted"]),
+            )
             % {"range": range_label, "n": sum(values["unrouted"])},
             reverse("admin:pgmb_message_changelist") + "?routed=no",
             gettext("Messages that matched no queue"),
@@ -238,6 +249,7 @@ def _hourly_charts(
                     charts.Series("p95", [p.latency_p95_ms for p in points], charts.ORANGE),
                 ],
                 unit="ms",
+                steps=True,
             ),
             gettext("Over the acknowledged deliveries; no line: none that hour."),
         ),
@@ -382,8 +394,12 @@ class DashboardAdmin(admin.ModelAdmin):
             points = None
             computed_until = None
             if form.is_valid():
-                range_, queue, worker = form.chosen()
+                asked, queue, worker = form.chosen()
+                range_ = asked or dashboard_series.LIVE
                 points = dashboard_series.series(range_, queue, worker, using=using)
+                if asked is None:
+                    range_, points = dashboard_series.fitted(points)
+                    form.show_range(range_)
                 if not range_.live:
                     computed_until = hourly_stats.latest(using=using)
             found = dispatcher_registry.dispatchers(using=using)
@@ -406,7 +422,6 @@ class DashboardAdmin(admin.ModelAdmin):
         }
         context["history_note"] = history_note(queues)
         if points is not None:
-            range_, queue, worker = form.chosen()
             if queue:
                 scope = gettext("queue %(name)s") % {"name": queue}
             elif worker:

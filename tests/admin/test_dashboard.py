@@ -312,7 +312,8 @@ def test_the_page_charts_a_chosen_queue_or_worker(admin_client, known, sql):
     assert "Last hour: 1 delivered, 0 failed" in response.content.decode()
     assert "queue other_queue" in response.content.decode()
     worker = admin_client.get(DASHBOARD, {"worker": "known_worker"})
-    assert "Last hour: 3 delivered, 2 failed" in worker.content.decode()
+    # Its queue's attempts are all in the last 15 minutes: the page opens on those.
+    assert "Last 15 minutes: 3 delivered, 2 failed" in worker.content.decode()
     assert "queues of worker known_worker" in worker.content.decode()
 
 
@@ -396,7 +397,7 @@ def test_the_unrouted_chart_links_to_the_unrouted_messages(admin_client, sql):
 
     link = reverse("admin:pgmb_message_changelist") + "?routed=no"
     assert f'<a href="{link}">' in html
-    assert "Last hour: 1 published messages matched no queue." in html
+    assert "Last 15 minutes: 1 published message matched no queue." in html
     assert admin_client.get(link).status_code == 200
 
 
@@ -527,3 +528,57 @@ def plan_scans_of(plan) -> list[tuple[str, str | None]]:
             found.append((node["Node Type"], node.get("Index Name") or node.get("Relation Name")))
         todo.extend(node.get("Plans", []))
     return found
+
+
+def chosen_range(response) -> str:
+    html = response.content.decode()
+    select = html[html.index('name="range"') : html.index("</select>", html.index('name="range"'))]
+    return re.search(r'<option value="([^"]*)" selected>', select).group(1)
+
+
+def slots(svg: ET.Element) -> int:
+    return len(svg.find(f"{{{SVG_NS}}}g[@class='pgmb-chart-hover']"))
+
+
+def test_a_short_history_opens_on_its_last_15_minutes(admin_client, make_queue, sql):
+    queue = make_queue("short.#", name="short_queue")
+    add_attempt(sql, queue, "ack", 12, duration=7)
+    add_attempt(sql, queue, "ack", 2, duration=9)
+
+    opened = admin_client.get(DASHBOARD)
+
+    assert chosen_range(opened) == "15m"
+    assert "Last 15 minutes: 2 delivered, 0 failed" in opened.content.decode()
+    assert [slots(svg) for svg in svgs(opened)] == [16, 16, 16, 16]
+    # Asked for, the hour is the hour.
+    hour = admin_client.get(DASHBOARD, {"range": "1h"})
+    assert chosen_range(hour) == "1h"
+    assert [slots(svg) for svg in svgs(hour)] == [61, 61, 61, 61]
+    assert "Last hour: 2 delivered, 0 failed" in hour.content.decode()
+
+
+def test_a_history_older_than_15_minutes_opens_on_the_hour(admin_client, make_queue, sql):
+    queue = make_queue("long.#", name="long_queue")
+    add_attempt(sql, queue, "ack", 40, duration=7)
+    add_attempt(sql, queue, "ack", 2, duration=9)
+
+    opened = admin_client.get(DASHBOARD)
+
+    assert chosen_range(opened) == "1h"
+    assert "Last hour: 2 delivered, 0 failed" in opened.content.decode()
+    assert slots(svgs(opened)[0]) == 61
+
+
+def test_latency_is_drawn_as_lines_even_in_a_lone_minute(admin_client, make_queue, sql):
+    queue = make_queue("lone.#", name="lone_queue")
+    add_attempt(sql, queue, "ack", 5, duration=12)
+
+    latency = svgs(admin_client.get(DASHBOARD))[2]
+
+    data = latency.find(f"{{{SVG_NS}}}g[@class='pgmb-chart-data']")
+    assert data.findall(f"{{{SVG_NS}}}circle") == []
+    lines = data.findall(f"{{{SVG_NS}}}polyline")
+    assert len(lines) == 2  # p50 and p95, each level across its minute
+    for line in lines:
+        (x1, y1), (x2, y2) = (map(float, p.split(",")) for p in line.attrib["points"].split())
+        assert y1 == y2 and x2 > x1

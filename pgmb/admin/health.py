@@ -116,22 +116,52 @@ def milliseconds(value: float | None) -> str:
     return EMPTY if value is None else f"{value:.1f} ms"
 
 
+def error_line(figures: WorkerMetrics) -> str:
+    """The last error: its status and text."""
+    if figures.last_error_at is None:
+        return EMPTY
+    status = figures.last_error_status if figures.last_error_status is not None else "-"
+    return f"{status}: {figures.last_error or ''}".rstrip(": ")
+
+
 def error_text(figures: WorkerMetrics) -> SafeString | str:
     """The last error: status and text, truncated, the whole of it in a title."""
     if figures.last_error_at is None:
         return EMPTY
-    status = figures.last_error_status if figures.last_error_status is not None else "-"
-    text = f"{status}: {figures.last_error or ''}".rstrip(": ")
+    text = error_line(figures)
     return format_html('<span title="{}">{}</span>', text, Truncator(text).chars(ERROR_CHARS))
 
 
 class MetricsColumnsMixin(_Base):
-    """Loads the page's figures once, after the page's rows, and hangs them on the rows."""
+    """Loads the page's figures once, after the page's rows, and hangs them on the rows;
+    an object's page gets its own and shows ``health_fields`` under "Health"."""
 
     #: Reads the figures of the named rows: pgmb.metrics.queues or .workers (staticmethod).
     load_metrics: Callable[..., Sequence[QueueMetrics] | Sequence[WorkerMetrics]]
     #: The figures' field holding the row's name.
     metrics_name_field: str
+    #: The display methods an object's page shows, read-only: all its figures, where the
+    #: list has room for a few.
+    health_fields: tuple[str, ...] = ()
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            found = self.load_metrics(names=[obj.name])
+            setattr(obj, ATTRIBUTE, found[0] if found else None)
+        return obj
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not self.health_fields:
+            return fieldsets
+        return (*fieldsets, (_("Health, as /metrics has it"), {"fields": self.health_fields}))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        found = super().get_readonly_fields(request, obj)
+        return found if obj is None else (*found, *self.health_fields)
 
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         cl = super().get_changelist_instance(request)

@@ -82,26 +82,33 @@ CREDENTIALS_IN_URL = r"^[^:/?#]+://[^/?#]*@"
 @admin.register(Worker)
 class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     form = WorkerForm
+    # What fits a 1,280 pixel screen (tests/browser/test_list_widths.py); the endpoint,
+    # rate, timeout and signing are on the worker's page, the last success and the
+    # failures in a row on the dashboard.
     list_display = (
         "name",
-        "masked_endpoint",
-        "rps",
-        "timeout",
         "state",
         "breaker",
         "health",
         "requests_last_hour",
         "success_rate",
         "p95_latency",
-        "last_success",
         "last_error",
-        "consecutive_failures",
-        "signed",
         "queue_count",
     )
     # The health columns: pgmb.worker_metrics() for the page's workers, one query.
     load_metrics = staticmethod(metrics.workers)
     metrics_name_field = "worker_name"
+    health_fields = (
+        "health",
+        "requests_last_hour",
+        "success_rate",
+        "p95_latency",
+        "last_success",
+        "whole_last_error",
+        "consecutive_failures",
+        "queue_count",
+    )
     list_filter = (WorkerStateFilter,)
     actions = (*pausing.WORKER_ACTIONS, *breakers.ACTIONS, worker_test.send_test_requests)
     # Searched by get_search_results: names, and endpoints where no credentials are.
@@ -242,7 +249,7 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     def close_breakers(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         breakers.close(self, request, queryset)
 
-    @admin.display(description=_("circuit breaker"), ordering="breaker_state")
+    @admin.display(description=_("breaker"), ordering="breaker_state")
     def breaker(self, obj: Worker) -> SafeString:
         return breakers.worker_badge(obj)
 
@@ -279,10 +286,17 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         figures: WorkerMetrics | None = health.figures_of(obj)
         return health.EMPTY if figures is None else health.ago(figures.last_success_at)
 
-    @admin.display(description=_("last error (24 h)"))
+    @admin.display(description=_("error (24 h)"))
     def last_error(self, obj: Worker) -> SafeString | str:
         figures: WorkerMetrics | None = health.figures_of(obj)
         return health.EMPTY if figures is None else health.error_text(figures)
+
+    @admin.display(description=_("last error (24 h)"))
+    def whole_last_error(self, obj: Worker) -> str:
+        figures: WorkerMetrics | None = health.figures_of(obj)
+        if figures is None or figures.last_error_at is None:
+            return health.EMPTY
+        return f"{health.error_line(figures)} ({health.ago(figures.last_error_at)})"
 
     @admin.display(description=_("failures in a row"))
     def consecutive_failures(self, obj: Worker) -> int | str:
@@ -301,12 +315,23 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
 
 @admin.register(Queue)
 class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
+    # What fits a 1,280 pixel screen (tests/browser/test_list_widths.py); the worker (a
+    # filter here), binding key and retries are on the queue's page, delayed, leased and
+    # retrying on the dashboard.
     list_display = (
         "name",
-        "binding_key",
-        "worker",
-        "max_retries",
         "state",
+        "pending",
+        "ready",
+        "dead_letters",
+        "oldest_due",
+        "delivered_last_hour",
+        "failed_last_hour",
+    )
+    # The health columns: pgmb.metrics_all() for the page's queues, one query.
+    load_metrics = staticmethod(metrics.queues)
+    metrics_name_field = "queue_name"
+    health_fields = (
         "pending",
         "ready",
         "delayed",
@@ -317,9 +342,6 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         "delivered_last_hour",
         "failed_last_hour",
     )
-    # The health columns: pgmb.metrics_all() for the page's queues, one query.
-    load_metrics = staticmethod(metrics.queues)
-    metrics_name_field = "queue_name"
     list_filter = (QueueStateFilter, "worker")
     # The state column reads the worker's `active` from this join: no query per row.
     list_select_related = ("worker",)

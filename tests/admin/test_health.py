@@ -27,16 +27,30 @@ def cells(row: str) -> dict[str, str]:
     return {name: re.sub(r"<[^>]+>", "", html).strip() for name, html in found}
 
 
-def rows_by_name(response) -> dict[str, dict[str, str]]:
-    rows = [cells(row) for row in table_rows(response)]
-    return {row["name"]: row for row in rows}
+def page_fields(html: str) -> dict[str, str]:
+    """{field: text} of an object page's read-only fields."""
+    found = re.findall(
+        r'<div class="form-row field-(\w+)[^"]*">.*?<div class="readonly">(.*?)</div>', html, re.S
+    )
+    return {name: re.sub(r"<[^>]+>", "", text).strip() for name, text in found}
+
+
+def figures_by_name(client, model: str) -> dict[str, dict[str, str]]:
+    """{name: {column: text}}: each row of the list, with the figures its page adds (the
+    list shows what fits a screen, the page all of them)."""
+    found = {}
+    for row in table_rows(client.get(url(f"{model}_changelist"))):
+        shown = cells(row)
+        page = re.search(r'href="([^"]*/change/)"', row).group(1)
+        found[shown["name"]] = {**page_fields(client.get(page).content.decode()), **shown}
+    return found
 
 
 # The queue list.
 
 
 def test_queue_columns_show_known_figures(admin_client, world):  # noqa: F811
-    rows = rows_by_name(admin_client.get(url("queue_changelist")))
+    rows = figures_by_name(admin_client, "queue")
 
     busy = rows["busy_queue"]
     # 4 due, 3 not due (2 delayed, a retry), 1 leased; 2 retrying; 2 dead letters; the
@@ -58,7 +72,7 @@ def test_queue_columns_show_known_figures(admin_client, world):  # noqa: F811
 
 
 def test_queue_columns_are_the_metrics(admin_client, world):  # noqa: F811
-    rows = rows_by_name(admin_client.get(url("queue_changelist")))
+    rows = figures_by_name(admin_client, "queue")
 
     for m in metrics.queues():
         row = rows[m.queue_name]
@@ -76,8 +90,7 @@ def test_queue_columns_are_the_metrics(admin_client, world):  # noqa: F811
 
 
 def test_worker_columns_show_known_figures(admin_client, world):  # noqa: F811
-    response = admin_client.get(url("worker_changelist"))
-    rows = rows_by_name(response)
+    rows = figures_by_name(admin_client, "worker")
 
     busy = rows["metrics_worker"]
     # 7 requests in the last hour (6 on busy_queue, 1 on side_queue), 4 of them acked; two
@@ -98,7 +111,7 @@ def test_worker_columns_show_known_figures(admin_client, world):  # noqa: F811
 
 
 def test_worker_columns_are_the_metrics(admin_client, world):  # noqa: F811
-    rows = rows_by_name(admin_client.get(url("worker_changelist")))
+    rows = figures_by_name(admin_client, "worker")
 
     for w in metrics.workers():
         row = rows[w.worker_name]
@@ -124,6 +137,9 @@ def test_long_errors_are_truncated_with_the_whole_text_in_a_title(
     assert f'title="500: {text}"' in row
     shown = cells(row)["last_error"]
     assert len(shown) == health.ERROR_CHARS and shown.endswith("…")
+    # The worker's page has the whole of it.
+    whole = figures_by_name(admin_client, "worker")["chatty"]["whole_last_error"]
+    assert whole.startswith(f"500: {text} (")
 
 
 # Health: the rules, then each state on the page.
@@ -185,7 +201,7 @@ def test_each_health_badge_on_the_page(admin_client, sql, make_worker, make_queu
     worker_with("stopped", [("retry", "1 minute")] * 4, active=False)
 
     response = admin_client.get(url("worker_changelist"))
-    rows = rows_by_name(response)
+    rows = figures_by_name(admin_client, "worker")
 
     assert {name: row["health"] for name, row in rows.items()} == {
         "ok": "healthy",

@@ -1067,11 +1067,12 @@ class HourlyStatistics(models.Model):
 class ArchiveRun(models.Model):
     """One run of the pipeline's ``archive`` job (:mod:`pgmb.pipeline.archive`).
 
-    Written only by the job, which moves a run from ``claiming`` (choosing its messages)
-    through ``writing`` (their Parquet) and ``written`` (the Parquet committed under
-    ``output``; deleting from PostgreSQL may begin) to ``done``. A run that stopped before
-    ``written`` is ``discarded`` by the next one (its files removed, its messages freed);
-    one that stopped after it is finished by the next one (deletes only).
+    Written only by the job, which moves a run from ``claiming`` (taking its days, choosing
+    its messages) through ``writing`` (their Parquet) and ``written`` (the Parquet committed
+    under ``output``; dropping its days and deleting its rows may begin) to ``done``. A run
+    that stopped before ``written`` is ``discarded`` by the next one (its files removed, its
+    messages freed, its days handed to the next run); one that stopped after it is finished
+    by the next one (drops and deletes only).
     """
 
     class State(models.TextChoices):

@@ -27,6 +27,8 @@ class Migration(migrations.Migration):
             # both history tables are renamed and attached to new ones.
             "pgmb_message",
             "pgmb_attempt",
+            # Archive by day: pgmb_archive_day's foreign key to it.
+            "pgmb_archive_run",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
         # With its default a constant, adding the column writes no row, and 0.1.1's

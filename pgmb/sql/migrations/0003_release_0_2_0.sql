@@ -1448,6 +1448,8 @@ DECLARE
     attempt_part name := format('pgmb_attempt_p%s', to_char(day, 'YYYYMMDD'));
     message_table name := format('pgmb_archive_%s_message_%s', run, to_char(day, 'YYYYMMDD'));
     attempt_table name := format('pgmb_archive_%s_attempt_%s', run, to_char(day, 'YYYYMMDD'));
+    message_default CONSTANT name := 'pgmb_message_default';
+    attempt_default CONSTANT name := 'pgmb_attempt_default';
     lock_wait text := current_setting('lock_timeout');
     keep uuid[];
 BEGIN
@@ -1466,8 +1468,8 @@ BEGIN
             PERFORM set_config('lock_timeout', lock_wait, true);
             RETURN NULL;
         END IF;
-        EXECUTE format('LOCK TABLE %I, %I, pgmb_message_default, pgmb_attempt_default IN ACCESS EXCLUSIVE MODE',
-                       message_part, attempt_part);
+        EXECUTE format('LOCK TABLE %I, %I, %I, %I IN ACCESS EXCLUSIVE MODE',
+                       message_part, attempt_part, message_default, attempt_default);
     EXCEPTION WHEN lock_not_available THEN
         PERFORM set_config('lock_timeout', lock_wait, true);
         RETURN NULL;
@@ -1488,12 +1490,12 @@ BEGIN
     IF cardinality(keep) > 0 THEN
         -- Straight into the default partitions, which now hold the day's range: not
         -- through the parents, whose triggers would route and check them again.
-        ALTER TABLE pgmb_message_default DISABLE TRIGGER USER;
+        EXECUTE format('ALTER TABLE %I DISABLE TRIGGER USER', message_default);
         EXECUTE format('WITH moved AS (DELETE FROM %I WHERE id = ANY ($1) RETURNING *)'
-                       ' INSERT INTO pgmb_message_default SELECT * FROM moved', message_table) USING keep;
-        ALTER TABLE pgmb_message_default ENABLE TRIGGER USER;
+                       ' INSERT INTO %I SELECT * FROM moved', message_table, message_default) USING keep;
+        EXECUTE format('ALTER TABLE %I ENABLE TRIGGER USER', message_default);
         EXECUTE format('WITH moved AS (DELETE FROM %I WHERE message_id = ANY ($1) RETURNING *)'
-                       ' INSERT INTO pgmb_attempt_default SELECT * FROM moved', attempt_table) USING keep;
+                       ' INSERT INTO %I SELECT * FROM moved', attempt_table, attempt_default) USING keep;
     END IF;
     INSERT INTO pgmb_archive_day (run_id, day, message_table, attempt_table, kept)
     VALUES (run, day, message_table, attempt_table, cardinality(keep));

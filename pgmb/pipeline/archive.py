@@ -252,6 +252,10 @@ class _Archiver:
                     f"discarding its files under {output} (the next run writes its days)",
                 )
                 self.discard(run, Layout(output))
+        # A written run that a 0.1.1 job finished (it knows no days) left its days' tables.
+        for (run,) in self.conn.execute(sql.query("archive.sql", "done_with_days")).fetchall():
+            dropped = self.drop_days(run)
+            say(self.out, f"run {run}: dropped the tables of {dropped} days it had left")
 
     def discard(self, run: int, layout: Layout) -> None:
         """Remove run ``run``'s files, then free its messages for a later run."""

@@ -16,6 +16,13 @@ FROM pgmb_archive_run
 WHERE state IN ('claiming', 'writing', 'written')
 ORDER BY id
 
+-- name: done_with_days
+-- Done runs whose days are not dropped: finished by a job that knows no days (0.1.1's),
+-- their Parquet committed.
+SELECT DISTINCT d.run_id FROM pgmb_archive_day d JOIN pgmb_archive_run r ON r.id = d.run_id
+WHERE r.state = 'done' AND d.dropped_at IS NULL
+ORDER BY 1
+
 -- name: start_run
 -- The cutoff is the database's clock, as every created_at is.
 INSERT INTO pgmb_archive_run (output, cutoff)

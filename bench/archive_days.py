@@ -11,7 +11,8 @@ days). Then ``python -m pgmb.pipeline archive --older-than 1`` end to end, as a 
 it; its report's lines are timed as they come, which splits the run into phases: start
 (process, JVM, Spark session, the first query), claim (days detached, rows claimed), write
 (Spark reads and writes the Parquet, the counts read back), retire (days dropped, rows
-deleted) and the rest. After each run, only the kept messages and their attempts may be
+deleted) and the rest; and, from the report, the longest a day's claim held the history's
+locks (publishes, claims and settles wait meanwhile). After each run, only the kept messages and their attempts may be
 left. The two variants alternate (ABBA), ``--rounds`` times.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -139,6 +141,8 @@ def archive(days: list[date], per_day: int, kept: int, whole: bool, folder: str)
         sample[phase] = marks[phase] - previous
         previous = marks[phase]
     sample["exit"] = took - previous
+    held = re.search(r"held the history's locks ([\d.]+) s", report)
+    sample["locks"] = float(held.group(1)) if held else 0.0
     REPORTS[whole] = report
     return sample
 
@@ -175,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\n{args.days} days of {args.per_day:,} finished messages (one ack attempt each) and "
         f"{args.kept} kept a day; seconds, median of {args.rounds} run(s) (range):"
     )
-    keys = ["total"] + [p for p, _ in PHASES] + ["exit"]
+    keys = ["total"] + [p for p, _ in PHASES] + ["exit", "locks"]
     print(f"  {'':<8}" + "".join(f" {k:>17}" for k in keys))
     for case in (rows, whole):
         cells = []

@@ -278,10 +278,22 @@ class _Archiver:
                 sql.query("archive.sql", "days_to_claim"), {"cutoff": cutoff}
             ).fetchall()
         ]
+        taken, kept, longest = 0, 0, 0.0
         for day in days:
-            kept = self._row("claim_day", run=run, day=day, cutoff=cutoff)[0]
-            if kept is None:
+            started = time.monotonic()
+            moved = self._row("claim_day", run=run, day=day, cutoff=cutoff)[0]
+            if moved is None:
                 busy.append(day)
+                continue
+            taken, kept = taken + 1, kept + moved
+            longest = max(longest, time.monotonic() - started)
+        if taken:
+            # How long publishing, claims and settles waited at most.
+            say(
+                self.out,
+                f"run {run}: detached {taken} days ({kept} messages kept in PostgreSQL); "
+                f"the longest held the history's locks {longest:.2f} s",
+            )
         return busy
 
     def days(self, run: int) -> list[_Day]:

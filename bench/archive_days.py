@@ -12,8 +12,9 @@ it; its report's lines are timed as they come, which splits the run into phases:
 (process, JVM, Spark session, the first query), claim (days detached, rows claimed), write
 (Spark reads and writes the Parquet, the counts read back), retire (days dropped, rows
 deleted) and the rest; and, from the report, the longest a day's claim held the history's
-locks (publishes, claims and settles wait meanwhile). After each run, only the kept messages and their attempts may be
-left. The two variants alternate (ABBA), ``--rounds`` times.
+locks (publishes, claims and settles wait meanwhile). After each run, only the kept
+messages and their attempts may be left. The two variants alternate (ABBA), ``--rounds``
+times.
 """
 
 from __future__ import annotations

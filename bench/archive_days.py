@@ -186,7 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = []
         for key in keys:
             values = results.values(case.label, key)
-            cells.append(f"{harness.median(values):6.1f} ({min(values):.1f}-{max(values):.1f})")
+            digits = 2 if key == "locks" else 1
+            cells.append(
+                f"{harness.median(values):6.{digits}f} "
+                f"({min(values):.{digits}f}-{max(values):.{digits}f})"
+            )
         print(f"  {case.label:<8}" + "".join(f" {c:>17}" for c in cells))
     ratio = harness.median(results.values(rows.label, "total")) / harness.median(
         results.values(whole.label, "total")

@@ -1475,8 +1475,8 @@ BEGIN
         RETURN NULL;
     END;
     PERFORM set_config('lock_timeout', lock_wait, true);
-    -- The deliveries and dead letters by their message index; the day's late rows by a
-    -- read of its two tables.
+    -- The deliveries and dead letters by their message index, the day's late rows by the
+    -- created_at indexes: a few rows whatever the day's size.
     EXECUTE format('SELECT ARRAY(SELECT x.message_id FROM pgmb_delivery x WHERE x.message_id >= $1 AND x.message_id < $2'
                    ' UNION SELECT x.message_id FROM pgmb_dead_letter x WHERE x.message_id >= $1 AND x.message_id < $2'
                    ' UNION SELECT m.id FROM %I m WHERE m.created_at >= $3'

@@ -229,7 +229,7 @@ class _Archiver:
         """Complete what runs killed before left: delete the rows of a written run, throw
         away the files of one that was not written."""
         runs = self.conn.execute(sql.query("archive.sql", "unfinished_runs")).fetchall()
-        for run, state, output, messages in runs:
+        for run, state, output in runs:
             if state == "written":
                 say(
                     self.out,
@@ -239,7 +239,7 @@ class _Archiver:
                 dropped = self.drop_days(run)
                 if dropped:
                     say(self.out, f"run {run}: dropped the tables of {dropped} days it had left")
-                deleted = self.delete(run, messages)
+                deleted = self.delete(run, self._row("run_bounds", run=run)[0])
                 say(
                     self.out,
                     f"run {run}: deleted the {deleted.messages} messages and "

@@ -11,7 +11,7 @@
 SELECT pg_try_advisory_lock(pgmb.archive_lock_key('job'))
 
 -- name: unfinished_runs
-SELECT id, state, output, messages
+SELECT id, state, output
 FROM pgmb_archive_run
 WHERE state IN ('claiming', 'writing', 'written')
 ORDER BY id

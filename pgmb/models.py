@@ -1069,11 +1069,12 @@ class HourlyStatistics(models.Model):
 class ArchiveRun(models.Model):
     """One run of the pipeline's ``archive`` job (:mod:`pgmb.pipeline.archive`).
 
-    Written only by the job, which moves a run from ``claiming`` (choosing its messages)
-    through ``writing`` (their Parquet) and ``written`` (the Parquet committed under
-    ``output``; deleting from PostgreSQL may begin) to ``done``. A run that stopped before
-    ``written`` is ``discarded`` by the next one (its files removed, its messages freed);
-    one that stopped after it is finished by the next one (deletes only).
+    Written only by the job, which moves a run from ``claiming`` (taking its days, choosing
+    its messages) through ``writing`` (their Parquet) and ``written`` (the Parquet committed
+    under ``output``; dropping its days and deleting its rows may begin) to ``done``. A run
+    that stopped before ``written`` is ``discarded`` by the next one (its files removed, its
+    messages freed, its days handed to the next run); one that stopped after it is finished
+    by the next one (drops and deletes only).
     """
 
     class State(models.TextChoices):
@@ -1147,6 +1148,42 @@ class ArchiveItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_id} in archive run {self.run_id}"
+
+
+class ArchiveDay(models.Model):
+    """A day of history an archive run took whole: its two partitions detached from
+    ``pgmb_message`` and ``pgmb_attempt`` (``pgmb.claim_history_day``) and renamed to
+    ``message_table`` and ``attempt_table``, which only the run reads.
+
+    The tables are dropped (``dropped_at``) once the run's Parquet is committed. A run that
+    stopped before that hands its days to the next run, which writes them again.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # Covered by the (run, day) constraint below.
+    run = models.ForeignKey(
+        ArchiveRun, on_delete=models.CASCADE, db_index=False, related_name="days"
+    )
+    #: The UTC day of the message ids (pgmb.history_days()).
+    day = models.DateField()
+    message_table = models.TextField()
+    attempt_table = models.TextField()
+    #: Unfinished messages moved to the default partitions when the day was claimed.
+    kept = models.BigIntegerField(default=0, db_default=0)
+    #: What the tables hold, counted once the run writes them.
+    messages = models.BigIntegerField(default=0, db_default=0)
+    attempts = models.BigIntegerField(default=0, db_default=0)
+    dropped_at = models.DateTimeField(_("tables dropped"), null=True, blank=True)
+
+    class Meta:
+        db_table = "pgmb_archive_day"
+        verbose_name = _("archived day")
+        constraints = [
+            models.UniqueConstraint(fields=["run", "day"], name="pgmb_archive_day_run_day")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} in archive run {self.run_id}"
 
 
 class TaskResult(models.Model):

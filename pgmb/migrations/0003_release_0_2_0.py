@@ -1,3 +1,4 @@
+import django.db.models.deletion
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
@@ -26,6 +27,8 @@ class Migration(migrations.Migration):
             # both history tables are renamed and attached to new ones.
             "pgmb_message",
             "pgmb_attempt",
+            # Archive by day: pgmb_archive_day's foreign key to it.
+            "pgmb_archive_run",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
         # With its default a constant, adding the column writes no row, and 0.1.1's
@@ -66,6 +69,40 @@ class Migration(migrations.Migration):
                     when="AFTER",
                 ),
             ),
+        ),
+        # Archive by day (docs/decisions/0079-the-archive-takes-whole-days.md): the days a
+        # run detached, before the SQL, which grants it and whose function records in it.
+        migrations.CreateModel(
+            name="ArchiveDay",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("day", models.DateField()),
+                ("message_table", models.TextField()),
+                ("attempt_table", models.TextField()),
+                ("kept", models.BigIntegerField(db_default=0, default=0)),
+                ("messages", models.BigIntegerField(db_default=0, default=0)),
+                ("attempts", models.BigIntegerField(db_default=0, default=0)),
+                (
+                    "dropped_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="tables dropped"),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="days",
+                        to="pgmb.archiverun",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "archived day",
+                "db_table": "pgmb_archive_day",
+                "constraints": [
+                    models.UniqueConstraint(fields=("run", "day"), name="pgmb_archive_day_run_day")
+                ],
+            },
         ),
         RunMigrationSQL("0003_release_0_2_0"),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),

@@ -14,21 +14,33 @@ before the cutoff (``--older-than`` days ago, by the database's clock) are archi
 whole archive with ``spark.read.parquet(OUTPUT + "/messages")`` (columns ``run`` and
 ``day`` come from the folders).
 
-Crash safety: a run first claims its messages in PostgreSQL (``pgmb_archive_item``), writes
-exactly those to ``_staging/run=N``, moves the committed folders to ``messages/run=N`` and
-``attempts/run=N``, checks the row counts, and records the run as written. Only then are
-its rows deleted, in short transactions of ``--batch-size`` messages. The next run first
-deletes what a written run left, and throws away the files of a run that stopped before
-it was written (its messages are claimed again). Killed at any point, a job loses nothing
-and archives nothing twice. One archive job runs at a time (an advisory lock).
+What is read: each day partition of the history whose UTC day (of the message ids)
+ended before the cutoff is taken whole. ``pgmb.claim_history_day`` detaches its two tables
+in one short transaction, after moving the messages that stay (unfinished, or attempted
+after the cutoff) into the default partitions; Spark reads the detached tables whole, and
+once the Parquet is committed the run drops them: retention without a row deleted. The
+rows no day holds (the default and far partitions: ids producers gave, an upgraded
+database's old rows, the messages kept from a day) are claimed one by one in
+``pgmb_archive_item``, read, then deleted in short transactions of ``--batch-size``
+messages. A day whose locks are not had within a second is left for the next run.
+
+Crash safety: a run records what it takes in PostgreSQL first (``pgmb_archive_day``,
+``pgmb_archive_item``), writes exactly those to ``_staging/run=N``, moves the committed
+folders to ``messages/run=N`` and ``attempts/run=N``, checks the row counts, and records the
+run as written. Only then are its days dropped and its rows deleted. The next run first
+finishes what a written run left (drops, deletes), and throws away the files of a run that
+stopped before it was written: its items are claimed again, its days (detached, seen by no
+one) become the new run's. Killed at any point, a job loses nothing and archives nothing
+twice. One archive job runs at a time (an advisory lock).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -140,6 +152,21 @@ def _for_run(name: str, run: int) -> str:
     return statement.as_string(None)
 
 
+@dataclass(frozen=True)
+class _Day:
+    """A day a run took whole: its detached tables."""
+
+    day: date
+    messages: str
+    attempts: str
+
+    def statement(self, name: str) -> pgsql.Composed:
+        """Statement ``name`` of archive.sql on this day's tables."""
+        return pgsql.SQL(sql.query("archive.sql", name)).format(
+            messages=pgsql.Identifier(self.messages), attempts=pgsql.Identifier(self.attempts)
+        )
+
+
 def _utc(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -202,14 +229,17 @@ class _Archiver:
         """Complete what runs killed before left: delete the rows of a written run, throw
         away the files of one that was not written."""
         runs = self.conn.execute(sql.query("archive.sql", "unfinished_runs")).fetchall()
-        for run, state, output, messages in runs:
+        for run, state, output in runs:
             if state == "written":
                 say(
                     self.out,
                     f"run {run} stopped after its Parquet was committed under {output}: "
-                    f"deleting its {messages} messages from PostgreSQL",
+                    f"dropping its days and deleting its rows from PostgreSQL",
                 )
-                deleted = self.delete(run, messages)
+                dropped = self.drop_days(run)
+                if dropped:
+                    say(self.out, f"run {run}: dropped the tables of {dropped} days it had left")
+                deleted = self.delete(run, self._row("run_bounds", run=run)[0])
                 say(
                     self.out,
                     f"run {run}: deleted the {deleted.messages} messages and "
@@ -219,9 +249,13 @@ class _Archiver:
                 say(
                     self.out,
                     f"run {run} stopped before its Parquet was committed ({state}): "
-                    f"discarding its files under {output}",
+                    f"discarding its files under {output} (the next run writes its days)",
                 )
                 self.discard(run, Layout(output))
+        # A written run that a 0.1.1 job finished (it knows no days) left its days' tables.
+        for (run,) in self.conn.execute(sql.query("archive.sql", "done_with_days")).fetchall():
+            dropped = self.drop_days(run)
+            say(self.out, f"run {run}: dropped the tables of {dropped} days it had left")
 
     def discard(self, run: int, layout: Layout) -> None:
         """Remove run ``run``'s files, then free its messages for a later run."""
@@ -233,6 +267,61 @@ class _Archiver:
         with self.conn.transaction():
             self._execute("release_items", run=run)
             self._execute("mark_discarded", run=run)
+
+    def claim_days(self, run: int, cutoff: datetime) -> list[date]:
+        """Take each day old enough whole, oldest first, a transaction each; the days left
+        because their tables were busy."""
+        busy: list[date] = []
+        days = [
+            d
+            for (d,) in self.conn.execute(
+                sql.query("archive.sql", "days_to_claim"), {"cutoff": cutoff}
+            ).fetchall()
+        ]
+        taken, kept, longest = 0, 0, 0.0
+        for day in days:
+            started = time.monotonic()
+            moved = self._row("claim_day", run=run, day=day, cutoff=cutoff)[0]
+            if moved is None:
+                busy.append(day)
+                continue
+            taken, kept = taken + 1, kept + moved
+            longest = max(longest, time.monotonic() - started)
+        if taken:
+            # How long publishing, claims and settles waited at most.
+            say(
+                self.out,
+                f"run {run}: detached {taken} days ({kept} messages kept in PostgreSQL); "
+                f"the longest held the history's locks {longest:.2f} s",
+            )
+        return busy
+
+    def days(self, run: int) -> list[_Day]:
+        rows = self.conn.execute(sql.query("archive.sql", "days_of_run"), {"run": run})
+        return [_Day(day, messages, attempts) for day, messages, attempts in rows.fetchall()]
+
+    def count_days(self, run: int, days: list[_Day]) -> tuple[int, int]:
+        """Count what each day's tables hold (nothing else writes them), record it; the
+        sums."""
+        total = (0, 0)
+        for day in days:
+            row = self.conn.execute(day.statement("count_day")).fetchone()
+            assert row is not None
+            messages, attempts = row
+            self._execute(
+                "record_day_counts", run=run, day=day.day, messages=messages, attempts=attempts
+            )
+            total = (total[0] + messages, total[1] + attempts)
+        return total
+
+    def drop_days(self, run: int) -> int:
+        """Drop a written run's days, a transaction each."""
+        days = self.days(run)
+        for day in days:
+            with self.conn.transaction():
+                self.conn.execute(day.statement("drop_day"))
+                self._execute("mark_day_dropped", run=run, day=day.day)
+        return len(days)
 
     def claim(self, run: int, cutoff: datetime) -> int:
         """Claim the run's messages, a batch per transaction, in id order."""
@@ -257,16 +346,38 @@ class _Archiver:
             self.spark, self.database, table, "item_id", lower, upper, self.partitions
         ).drop("item_id")
 
-    def write(self, run: int, layout: Layout, lower: int, upper: int) -> tuple[int, int, Usage]:
-        """Write the run's messages and attempts, commit them, and check the counts."""
+    def read_day(self, day: _Day, name: str) -> DataFrame:
+        """Statement ``name`` on a day's tables, read whole by one Spark task."""
+        statement = day.statement(name).as_string(None)
+        return jdbc.read_whole(self.spark, self.database, jdbc.subquery(statement, "archived"))
+
+    def frames(
+        self, run: int, days: list[_Day], items: tuple[int, int] | None
+    ) -> tuple[DataFrame, DataFrame]:
+        """The run's messages and attempts: each day's tables, and its items (their id
+        bounds; None: none)."""
+        messages = [self.read_day(day, "messages_of_day") for day in days]
+        attempts = [self.read_day(day, "attempts_of_day") for day in days]
+        if items is not None:
+            messages.append(self.read(run, "messages_of_run", *items))
+            attempts.append(self.read(run, "attempts_of_run", *items))
+        return functools.reduce(_union, messages), functools.reduce(_union, attempts)
+
+    def write(
+        self,
+        run: int,
+        layout: Layout,
+        days: list[_Day],
+        items: tuple[int, int] | None,
+        want: tuple[int, int],
+    ) -> Usage:
+        """Write the run's messages and attempts, commit them, and check the counts
+        (``want``: what PostgreSQL holds of them)."""
         from pyspark.sql import functions as F
 
-        messages = self.read(run, "messages_of_run", lower, upper).withColumn(
-            "day", F.to_date("created_at")
-        )
-        attempts = self.read(run, "attempts_of_run", lower, upper).withColumn(
-            "day", F.to_date("created_at")
-        )
+        messages, attempts = self.frames(run, days, items)
+        messages = messages.withColumn("day", F.to_date("created_at"))
+        attempts = attempts.withColumn("day", F.to_date("created_at"))
         staging = layout.staging(run)
         self.fs.delete(staging)
         messages.write.mode("errorifexists").partitionBy("day").parquet(f"{staging}/{MESSAGES}")
@@ -282,7 +393,7 @@ class _Archiver:
         self.fs.rename(f"{staging}/{ATTEMPTS}", layout.attempts(run))
         self.fs.delete(staging)
 
-        want_messages, want_attempts = self._row("run_counts", run=run)
+        want_messages, want_attempts = want
         got_messages = self.spark.read.schema(messages.schema).parquet(layout.messages(run))
         got_attempts = self.spark.read.schema(attempts.schema).parquet(layout.attempts(run))
         counts = (got_messages.count(), got_attempts.count())
@@ -298,7 +409,7 @@ class _Archiver:
             messages_usage.files + attempts_usage.files,
             messages_usage.bytes + attempts_usage.bytes,
         )
-        return want_messages, want_attempts, usage
+        return usage
 
     def delete(self, run: int, total: int) -> _Deleted:
         """Delete a written run's rows, a batch per transaction, then mark it done."""
@@ -316,21 +427,34 @@ class _Archiver:
         return deleted
 
     def archive(self, layout: Layout, days: float) -> None:
-        """A new run: claim, write, record, delete."""
+        """A new run: take the days and claim the rows, write, record, drop and delete."""
         run, cutoff = self._row("start_run", output=layout.root, seconds=days * 86_400)
         say(self.out, f"run {run}: messages finished before {_utc(cutoff)} …")
         if unkept := no_history.note("archive", no_history.queues(self.conn)):
             say(self.out, unkept)
+        adopted = self._execute("adopt_days", run=run)
+        if adopted:
+            say(self.out, f"run {run}: takes over {adopted} days a stopped run had detached")
+        for day in self.claim_days(run, cutoff):
+            say(self.out, f"run {run}: day {day} left for the next run: its tables were busy")
+        whole = self.days(run)
         claimed = self.claim(run, cutoff)
-        if not claimed:
+        if not claimed and not whole:
             self._execute("mark_done", run=run)
             say(self.out, f"nothing to archive: no finished message older than {_utc(cutoff)}")
             return
+        day_messages, day_attempts = self.count_days(run, whole)
         count, lower, upper = self._row("run_bounds", run=run)
-        self._execute("mark_writing", run=run, messages=count)
-        say(self.out, f"run {run}: writing {count} messages and their attempts …")
+        item_messages, item_attempts = self._row("run_counts", run=run)
+        want = (day_messages + item_messages, day_attempts + item_attempts)
+        self._execute("mark_writing", run=run, messages=want[0])
+        say(
+            self.out,
+            f"run {run}: writing {want[0]} messages and their attempts: {len(whole)} days "
+            f"whole ({day_messages} messages), {count} messages row by row …",
+        )
         try:
-            messages, attempts, usage = self.write(run, layout, lower, upper)
+            usage = self.write(run, layout, whole, (lower, upper) if count else None, want)
         except PipelineError:
             raise
         except Exception as e:
@@ -339,6 +463,7 @@ class _Archiver:
                 f"run {run}: writing the Parquet failed ({reason(e)}); nothing was deleted, "
                 "the next run writes it again"
             ) from None
+        messages, attempts = want
         marked = self._execute(
             "mark_written",
             run=run,
@@ -350,14 +475,20 @@ class _Archiver:
         if marked != 1:
             raise PipelineError(f"run {run} is no longer being written; nothing was deleted")
         say(self.out, f"run {run}: committed {layout.messages(run)} and {layout.attempts(run)}")
-        deleted = self.delete(run, messages)
+        dropped = self.drop_days(run)
+        deleted = self.delete(run, item_messages)
         say(
             self.out,
             f"archived {messages} messages and {attempts} attempts finished before "
             f"{_utc(cutoff)}: {usage.files} Parquet files, {usage.bytes} bytes under "
-            f"{layout.root} (run {run}; deleted from PostgreSQL in {deleted.batches} "
+            f"{layout.root} (run {run}; {dropped} days dropped whole, {deleted.messages} "
+            f"messages deleted from PostgreSQL in {deleted.batches} "
             f"batch{'' if deleted.batches == 1 else 'es'})",
         )
+
+
+def _union(a: DataFrame, b: DataFrame) -> DataFrame:
+    return a.unionByName(b)
 
 
 def _days(options: argparse.Namespace) -> float:

@@ -46,3 +46,15 @@ def read_ranges(
         .option("fetchsize", str(FETCH_SIZE))
         .load()
     )
+
+
+def read_whole(spark: SparkSession, database: Database, table: str) -> DataFrame:
+    """``table`` (a name or :func:`subquery`) read by one task."""
+    return (
+        spark.read.format("jdbc")
+        .option("url", database.jdbc_url)
+        .options(**database.jdbc_properties)
+        .option("dbtable", table)
+        .option("fetchsize", str(FETCH_SIZE))
+        .load()
+    )

@@ -1,28 +1,65 @@
 """A known message history for the archive's tests, built through pgmb's own API (publish,
 claim, ack, fail, purge) and then moved back in time; and what an archive holds.
 
-``build_history`` returns which messages must be archived and which must stay;
+``build_history`` returns which messages must be archived and which must stay; its
+messages have old ids, of days that have no partition (stored in the default partitions)
+or, given ``days_ago``, spread over those days' partitions too (made first);
 ``snapshot`` reads every message and attempt as PostgreSQL has them, in the form the
 Parquet archive is read back into (``read_archive``), so that the two compare equal.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.db import connection
 
 import pgmb
-from pgmb import deliveries
+from pgmb import deliveries, ids
 from pgmb.deliveries import Failure, Success
 from pgmb.models import Queue
 
 #: Days back the "old" history is moved: older than the cutoffs the tests use (5 days).
 OLD_DAYS = 6
+
+
+#: Days back the ids of messages stored in the default partition are: no partition of
+#: theirs is ever made (premaking makes today's and later).
+STRAY_DAYS = OLD_DAYS
+
+
+def days_ago(*ages: int) -> list[date]:
+    today = datetime.now(UTC).date()
+    return [today - timedelta(days=age) for age in ages]
+
+
+def id_back(days: int) -> uuid.UUID:
+    """A new version 7 id whose time is ``days`` days back: ids made in a row keep their
+    order."""
+    now = ids.uuid7()
+    return uuid.UUID(int=now.int - ((days * 86_400_000) << 80))
+
+
+def spread_ids(days: list[date]) -> Callable[[], uuid.UUID]:
+    """Ids of ``days`` (partitions made here) and of the default partition, in turn."""
+    if days:
+        [(made,)] = _sql("SELECT pgmb.make_history_days(%s, %s)", [min(days), max(days)])
+        assert made == 2 * len(days), "the days' partitions existed already"
+    today = datetime.now(UTC).date()
+    ages: Iterator[int] = itertools.cycle([(today - d).days for d in days] + [STRAY_DAYS])
+    return lambda: id_back(next(ages))
+
+
+def partition_of(message_id: uuid.UUID) -> str | None:
+    rows = _sql("SELECT tableoid::regclass::text FROM pgmb_message WHERE id = %s", [message_id])
+    return rows[0][0] if rows else None
 
 
 @dataclass
@@ -62,24 +99,34 @@ def _deliver(outcome: dict[uuid.UUID, str]) -> None:
     )
 
 
-def build_history(make_queue, *, extra_unrouted: int = 0) -> History:
+def build_history(
+    make_queue, *, extra_unrouted: int = 0, days: list[date] | None = None
+) -> History:
     """Messages of every kind, on queues orders (order.*), audit (order.#), mail (mail.*,
-    no retries) and gone (gone.*, deleted once its messages are acked)."""
+    no retries) and gone (gone.*, deleted once its messages are acked). Their ids are of
+    ``days`` (whose partitions are made) and of the default partition, in turn."""
+    old_id = spread_ids(days or [])
     make_queue("order.*", name="orders", backoff_base=0, backoff_max=0)
     make_queue("order.#", name="audit", backoff_base=0, backoff_max=0)
     make_queue("mail.*", name="mail", max_retries=0)
     make_queue("gone.*", name="gone")
     h = History()
     body = {"order": 7, "items": [{"sku": "A-1", "qty": 2}], "note": "naïve ☃", "ok": True}
-    acked = pgmb.send("order.created", body, headers={"trace": "t-1", "n": [1, 2]})
-    retried = pgmb.send("order.paid", {"order": 8, "amount": 12.75, "none": None})
-    purged = pgmb.send("mail.sent", {"to": "a@example.com"})
-    unrouted = pgmb.send("nobody.listens", ["a", 1, None])
-    gone = pgmb.send("gone.away", {"x": 1})
-    dead = pgmb.send("mail.bounced", {"to": "b@example.com"})
-    live = pgmb.send("order.shipped", {"order": 9})
-    late = pgmb.send("order.refunded", {"order": 10})  # acked after the cutoff
-    extras = [pgmb.send("nobody.at.all", {"n": n}) for n in range(extra_unrouted)]
+    acked = pgmb.send(
+        "order.created", body, headers={"trace": "t-1", "n": [1, 2]}, message_id=old_id()
+    )
+    retried = pgmb.send(
+        "order.paid", {"order": 8, "amount": 12.75, "none": None}, message_id=old_id()
+    )
+    purged = pgmb.send("mail.sent", {"to": "a@example.com"}, message_id=old_id())
+    unrouted = pgmb.send("nobody.listens", ["a", 1, None], message_id=old_id())
+    gone = pgmb.send("gone.away", {"x": 1}, message_id=old_id())
+    dead = pgmb.send("mail.bounced", {"to": "b@example.com"}, message_id=old_id())
+    live = pgmb.send("order.shipped", {"order": 9}, message_id=old_id())
+    late = pgmb.send("order.refunded", {"order": 10}, message_id=old_id())  # acked after the cutoff
+    extras = [
+        pgmb.send("nobody.at.all", {"n": n}, message_id=old_id()) for n in range(extra_unrouted)
+    ]
 
     # order.paid fails once on orders, then is acked there; everything else as named.
     _deliver({acked: "ack", retried: "fail", purged: "fail", gone: "ack", dead: "fail"})

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 import psycopg
@@ -25,16 +26,23 @@ from django.test import override_settings
 
 import pgmb
 from pgmb import conf, deliveries
+from pgmb import sql as pgmb_sql
+from pgmb.db.statements import run as run_statement
 from pgmb.deliveries import Success
+from pgmb.models import DeadLetter
 from pgmb.pipeline import archive as archive_job
 from pgmb.pipeline import cli
 from tests.waiting import wait_until
 
 from .conftest import MASTER
 from .history import (
+    STRAY_DAYS,
     assert_exactly_once,
     build_history,
+    days_ago,
+    id_back,
     message_ids,
+    partition_of,
     read_archive,
     snapshot,
 )
@@ -247,7 +255,7 @@ def locked(statement: str, params) -> Iterator[psycopg.Connection]:
 
 def publish_old_unrouted() -> uuid.UUID:
     """A finished message (routed nowhere) as old as the history, published now."""
-    message_id = pgmb.send("nobody.new", {"late": True})
+    message_id = pgmb.send("nobody.new", {"late": True}, message_id=id_back(STRAY_DAYS))
     sql(
         "UPDATE pgmb_message SET created_at = created_at - interval '6 days' WHERE id = %s",
         [message_id],
@@ -470,3 +478,211 @@ def test_a_message_claimed_by_an_archive_run_is_not_replayed(make_queue):
 
     assert deliveries.replay([claimed, free]) == 1
     assert sql("SELECT message_id FROM pgmb_delivery") == [(free,)]
+
+
+# --- whole days ---------------------------------------------------------------------------
+
+#: Ages of the days of history the day tests make (their partitions), older than the
+#: cutoffs the tests use and than the default partition's ids (STRAY_DAYS).
+DAY_AGES = (12, 11, 10)
+
+
+def archive_tables() -> list[str]:
+    """Day tables a run detached and has not dropped."""
+    return [
+        t
+        for (t,) in sql(
+            "SELECT relname::text FROM pg_class WHERE relname ~ '^pgmb_archive_[0-9]+_' ORDER BY 1"
+        )
+    ]
+
+
+def partitions_of(days: list[date]) -> set[date]:
+    return {d for (d,) in sql("SELECT day FROM pgmb.history_days()") if d in days}
+
+
+def day_part(day: date) -> str:
+    return f"pgmb_message_p{day:%Y%m%d}"
+
+
+@spark
+def test_whole_days_and_the_default_partition_are_archived_exactly_once(
+    run_pipeline, make_queue, tmp_path
+):
+    days = days_ago(*DAY_AGES)
+    history = build_history(make_queue, days=days, extra_unrouted=5)
+    where = {m: partition_of(m) for m in history.archived | history.kept}
+    assert {day_part(d) for d in days} | {"pgmb_message_default"} <= set(where.values())
+    from_days = {m for m in history.archived if where[m] != "pgmb_message_default"}
+    old_kept = {m for m in history.kept if where[m] in {day_part(d) for d in days}}
+    assert from_days and old_kept  # the days hold both
+    before = snapshot()
+    out = tmp_path / "archive"
+
+    report = run_pipeline("archive", "--output", str(out), "--older-than", "5", "--batch-size", "2")
+
+    archive = read_archive(out)
+    after = snapshot()
+    assert set(archive.messages) == {str(m) for m in history.archived}
+    assert message_ids() == history.kept
+    assert_exactly_once(archive, before, after)
+    archived_attempts = {k for k, v in before[1].items() if uuid.UUID(v[0]) in history.archived}
+    assert set(archive.attempts) == archived_attempts
+    assert set(after[1]) == set(before[1]) - archived_attempts
+    # The kept messages of the days are in the default partitions now, with their attempts.
+    assert {partition_of(m) for m in old_kept} == {"pgmb_message_default"}
+    [(stored,)] = sql(
+        "SELECT count(*) FROM pgmb_attempt_default WHERE message_id = ANY(%s)", [list(old_kept)]
+    )
+    assert stored == sum(1 for v in before[1].values() if uuid.UUID(v[0]) in old_kept) > 0
+    # The days are gone, dropped with no detached table left.
+    assert partitions_of(days) == set() and archive_tables() == []
+    [(run, state, n_messages, n_attempts, *_)] = runs()
+    assert (state, n_messages, n_attempts) == ("done", len(history.archived), len(archive.attempts))
+    recorded = sql(
+        "SELECT day, kept, messages, dropped_at IS NOT NULL FROM pgmb_archive_day"
+        " WHERE run_id = %s ORDER BY day",
+        [run],
+    )
+    assert [r[0] for r in recorded] == days and all(r[3] for r in recorded)
+    assert sum(r[1] for r in recorded) == len(old_kept)
+    assert sum(r[2] for r in recorded) == len(from_days)
+    rows = len(history.archived) - len(from_days)
+    assert (
+        f"{len(days)} days whole ({len(from_days)} messages), {rows} messages row by row" in report
+    ), report
+    assert f"(run {run}; 3 days dropped whole, {rows} messages deleted from PostgreSQL" in report
+
+    # An archived message of a day is in no table pgmb.replay reads.
+    assert deliveries.replay(sorted(from_days)) == 0
+
+    # The kept ones go on: the dead letter requeued, every delivery acked; the next run
+    # (everything finished up to now) archives them, and nothing twice.
+    [dead] = DeadLetter.objects.all()
+    assert run_statement(deliveries.requeue_call(dead.id)) == 1
+    claims = deliveries.claim(None, 100)
+    assert dead.message_id in {uuid.UUID(str(c.message_id)) for c in claims}
+    assert deliveries.ack([Success(c.delivery_id, 200, 1.0) for c in claims]) == len(claims)
+
+    again = run_pipeline("archive", "--output", str(out), "--older-than", "0")
+
+    second = read_archive(out)
+    ids = [row[0] for row in second.message_rows]
+    assert len(ids) == len(set(ids)), "a message archived twice"
+    # All but today's message, whose day has not ended.
+    [today] = days_ago(0)
+    todays = {m for m in history.kept if where[m] == day_part(today)}
+    assert todays
+    assert {uuid.UUID(m) for m in second.messages} == history.archived | history.kept - todays
+    assert message_ids() == todays
+    assert "0 days whole" in again
+
+
+@spark
+def test_a_day_whose_tables_are_busy_is_left_for_the_next_run(run_pipeline, make_queue, tmp_path):
+    days = days_ago(*DAY_AGES)
+    history = build_history(make_queue, days=days)
+    busy = days[1]
+    held = {m for m in history.archived if partition_of(m) == day_part(busy)}
+    assert held
+    before = snapshot()
+    out = tmp_path / "archive"
+
+    with connect() as locker:
+        locker.execute(f"LOCK TABLE {day_part(busy)} IN ACCESS SHARE MODE")
+        report = run_pipeline("archive", "--output", str(out), "--older-than", "5")
+
+    assert f"day {busy} left for the next run: its tables were busy" in report
+    assert set(read_archive(out).messages) == {str(m) for m in history.archived - held}
+    assert message_ids() == history.kept | held
+    assert {partition_of(m) for m in held} == {day_part(busy)}
+    assert partitions_of(days) == {busy}
+
+    again = run_pipeline("archive", "--output", str(out), "--older-than", "5")
+
+    assert "1 days whole" in again
+    archive = read_archive(out)
+    assert set(archive.messages) == {str(m) for m in history.archived}
+    assert message_ids() == history.kept
+    assert_exactly_once(archive, before, snapshot())
+    assert partitions_of(days) == set() and archive_tables() == []
+
+
+def archive_sql(name: str) -> str:
+    return pgmb_sql.query("archive.sql", name)
+
+
+def hold_a_claim(locker: psycopg.Connection, message_id: uuid.UUID) -> None:
+    """An uncommitted claim of ``message_id``: a run's claim of it waits on its unique key."""
+    [(run,)] = locker.execute(
+        "INSERT INTO pgmb_archive_run (output, cutoff) VALUES ('file:/nowhere', now()) RETURNING id"
+    ).fetchall()
+    locker.execute(
+        "INSERT INTO pgmb_archive_item (run_id, message_id) VALUES (%s, %s)", [run, message_id]
+    )
+
+
+@spark
+@pytest.mark.parametrize("step", ["claiming", "written", "dropping", "finished by 0.1.1"])
+def test_killed_at_each_step_of_the_day_path(
+    step, run_pipeline, spawn_archive, make_queue, tmp_path
+):
+    days = days_ago(*DAY_AGES)
+    history = build_history(make_queue, days=days, extra_unrouted=3)
+    rows = sorted(m for m in history.archived if partition_of(m) == "pgmb_message_default")
+    before = snapshot()
+    out = tmp_path / "archive"
+    args = ("--output", str(out), "--older-than", "5", "--batch-size", "2")
+
+    if step == "claiming":
+        # The days taken, the row by row claims waiting on the test's claim of the first.
+        with connect() as locker:
+            hold_a_claim(locker, rows[0])
+            job = spawn_archive(*args)
+            kill_when_blocked(job, locker)
+        [(run, state, *_)] = runs()
+    else:
+        job = spawn_archive(*args)
+        wait_until(lambda: runs() and runs()[0][1] == "writing", JOB_DEADLINE, "the run to claim")
+        [(run, *_)] = runs()
+        if step == "written":
+            # Its Parquet committed, recording it as written waits.
+            statement, params = "SELECT 1 FROM pgmb_archive_run WHERE id = %s FOR UPDATE", [run]
+        else:
+            # Recorded as written, the first day dropped; dropping the second waits.
+            [(table,)] = sql(
+                "SELECT message_table FROM pgmb_archive_day WHERE run_id = %s AND day = %s",
+                [run, days[1]],
+            )
+            statement, params = f"SELECT 1 FROM {table} LIMIT 1 FOR UPDATE", None
+        with locked(statement, params) as locker:
+            kill_when_blocked(job, locker)
+        [(_, state, *_)] = runs()
+
+    # Killed with the days detached: their messages are in no table of the history.
+    dropping = step in ("dropping", "finished by 0.1.1")
+    assert state == {"claiming": "claiming", "written": "writing"}.get(step, "written")
+    assert partitions_of(days) == set()
+    left = sql("SELECT day FROM pgmb_archive_day WHERE run_id = %s AND dropped_at IS NULL", [run])
+    assert [d for (d,) in left] == (days[1:] if dropping else days)
+    if step == "finished by 0.1.1":
+        # As 0.1.1's job finishes a written run, knowing no days: its rows deleted, done.
+        while sql(archive_sql("delete_batch"), {"run": run, "limit": 2})[0][0]:
+            pass
+        sql(archive_sql("mark_done"), {"run": run})
+
+    report = run_pipeline("archive", *args[:4])
+
+    if dropping:
+        assert f"run {run}: dropped the tables of 2 days it had left" in report
+        assert [r[:2] for r in runs()] == [(run, "done"), (run + 1, "done")]
+    else:
+        assert "takes over 3 days a stopped run had detached" in report
+        assert runs()[0][:2] == (run, "discarded")
+        assert runs()[-1][1] == "done"
+        assert not any(folder.exists() for folder in first_folders(out, run))
+    archive = read_archive(out)
+    assert set(archive.messages) == {str(m) for m in history.archived}
+    assert message_ids() == history.kept
+    assert_exactly_once(archive, before, snapshot())
+    assert archive_tables() == []

@@ -303,3 +303,51 @@ def test_a_publish_locks_only_the_partition_it_writes(make_queue, sql):
     # The routing statement plans no read of the history (its de-duplication is a
     # function call): publishing costs the same whatever the number of days kept.
     assert [name for (name,) in locked] == [f"pgmb_message_p{today():%Y%m%d}"]
+
+
+def test_the_archive_takes_a_day_by_detaching_it_and_keeps_its_unfinished_messages(make_queue, sql):
+    day, sent = old_day_with_messages(make_queue, sql)
+    [(run_id,)] = sql(
+        "INSERT INTO pgmb_archive_run (output, cutoff) VALUES ('file:/a', now()) RETURNING id"
+    )
+    # After now(): the acks, made in this test's transaction, are older.
+    cutoff = "now() + interval '1 minute'"
+
+    [(kept,)] = sql(f"SELECT pgmb.claim_history_day(%s, %s, {cutoff})", (run_id, day))
+
+    # The live and the dead-lettered message, with the dead one's attempt, are in the
+    # default partitions; the day is no partition any more, its tables renamed for the run.
+    assert kept == 2
+    assert ("pgmb_message", day) not in days(sql) and ("pgmb_attempt", day) not in days(sql)
+    assert stored_in(sql, sent[2]) == ("pgmb_message_default", None)
+    assert stored_in(sql, sent[3]) == ("pgmb_message_default", "pgmb_attempt_default")
+    messages, attempts = (f"pgmb_archive_{run_id}_{t}_{day:%Y%m%d}" for t in ("message", "attempt"))
+    assert {m for (m,) in sql(f"SELECT id FROM {messages}")} == set(sent[:2])
+    assert {m for (m,) in sql(f"SELECT message_id FROM {attempts}")} == set(sent[:2])
+    assert sql("SELECT run_id, day, message_table, attempt_table, kept FROM pgmb_archive_day") == [
+        (run_id, day, messages, attempts, 2)
+    ]
+    assert set(Message.objects.values_list("id", flat=True)) == {sent[2], sent[3]}
+    # The taken messages are replayed nowhere; the kept ones go on.
+    assert deliveries.replay(sent[:2]) == 0
+    [live] = Delivery.objects.filter(message_id=sent[2])
+    assert deliveries.ack([Success(live.id, 200, 1.0)]) == 1
+    [dead] = DeadLetter.objects.filter(message_id=sent[3])
+    assert run(deliveries.requeue_call(dead.id)) == 1
+
+
+def test_the_archive_takes_only_a_day_that_ended_before_its_cutoff(make_queue, sql):
+    day, sent = old_day_with_messages(make_queue, sql)
+    [(run_id,)] = sql(
+        "INSERT INTO pgmb_archive_run (output, cutoff) VALUES ('file:/a', now()) RETURNING id"
+    )
+    with pytest.raises(DatabaseError, match="the day must end before it"), transaction.atomic():
+        sql(
+            "SELECT pgmb.claim_history_day(%s, %s, %s)",
+            (run_id, day, datetime.now(UTC) - timedelta(days=11)),
+        )
+    # Messages published (created_at: now) or attempted after the cutoff are kept: all four.
+    cutoff = datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC)
+    [(kept,)] = sql("SELECT pgmb.claim_history_day(%s, %s, %s)", (run_id, day, cutoff))
+    assert kept == 4
+    assert set(Message.objects.values_list("id", flat=True)) == set(sent)

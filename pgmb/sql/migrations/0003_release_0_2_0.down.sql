@@ -770,3 +770,9 @@ BEGIN
     END;
     RETURN true;
 END $$;
+
+-- ==== Archive by day ====
+
+-- pgmb_archive_day goes with its model. Tables of days a run detached and has not dropped
+-- yet (pgmb_archive_<run>_*) stay: their rows are in no other table.
+DROP FUNCTION pgmb.claim_history_day(bigint, date, timestamptz);

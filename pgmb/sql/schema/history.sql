@@ -416,5 +416,81 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The archive job takes a day whole (pgmb/pipeline/archive.py,
+-- docs/decisions/0079-the-archive-takes-whole-days.md): day `day`'s two partitions,
+-- whose day ended before `cutoff`, are detached from pgmb_message and pgmb_attempt and
+-- renamed pgmb_archive_<run>_message_<YYYYMMDD> and pgmb_archive_<run>_attempt_<YYYYMMDD>,
+-- which run `run` then reads whole and drops once its Parquet is committed. The messages
+-- the archive keeps (the rule of its row by row claims, archive.sql: a live delivery, a
+-- dead letter, published or last attempted at or after the cutoff) move with their
+-- attempts into the default partitions first, where they go on as before. The day is
+-- recorded in pgmb_archive_day. One short transaction, whose locks (the parents' ACCESS
+-- EXCLUSIVE: every publish, claim and settle waits meanwhile) are had within a second or
+-- not at all: then nothing is done and NULL returned (the next run tries again). Returns
+-- the messages kept.
+CREATE OR REPLACE FUNCTION pgmb.claim_history_day(run bigint, day date, cutoff timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    low uuid := pgmb.day_floor(day);
+    high uuid := pgmb.day_floor(day + 1);
+    message_part name := format('pgmb_message_p%s', to_char(day, 'YYYYMMDD'));
+    attempt_part name := format('pgmb_attempt_p%s', to_char(day, 'YYYYMMDD'));
+    message_table name := format('pgmb_archive_%s_message_%s', run, to_char(day, 'YYYYMMDD'));
+    attempt_table name := format('pgmb_archive_%s_attempt_%s', run, to_char(day, 'YYYYMMDD'));
+    message_default CONSTANT name := 'pgmb_message_default';
+    attempt_default CONSTANT name := 'pgmb_attempt_default';
+    lock_wait text := current_setting('lock_timeout');
+    keep uuid[];
+BEGIN
+    IF run IS NULL OR day IS NULL OR cutoff IS NULL OR (day + 1)::timestamp AT TIME ZONE 'UTC' > cutoff THEN
+        RAISE EXCEPTION 'invalid day % for cutoff %: the day must end before it', day, cutoff
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The claim lock first, as the row by row claims take it (a pgmb.replay in progress
+    -- commits its deliveries first), then the parents before their partitions (the order
+    -- a publish takes them in).
+    PERFORM set_config('lock_timeout', '1s', true);
+    BEGIN
+        PERFORM pg_advisory_xact_lock(pgmb.archive_lock_key('claim'));
+        LOCK TABLE ONLY pgmb_message, pgmb_attempt IN ACCESS EXCLUSIVE MODE;
+        IF to_regclass(quote_ident(message_part)) IS NULL OR to_regclass(quote_ident(attempt_part)) IS NULL THEN
+            PERFORM set_config('lock_timeout', lock_wait, true);
+            RETURN NULL;
+        END IF;
+        EXECUTE format('LOCK TABLE %I, %I, %I, %I IN ACCESS EXCLUSIVE MODE',
+                       message_part, attempt_part, message_default, attempt_default);
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', lock_wait, true);
+        RETURN NULL;
+    END;
+    PERFORM set_config('lock_timeout', lock_wait, true);
+    -- The deliveries and dead letters by their message index, the day's late rows by the
+    -- created_at indexes: a few rows whatever the day's size.
+    EXECUTE format('SELECT ARRAY(SELECT x.message_id FROM pgmb_delivery x WHERE x.message_id >= $1 AND x.message_id < $2'
+                   ' UNION SELECT x.message_id FROM pgmb_dead_letter x WHERE x.message_id >= $1 AND x.message_id < $2'
+                   ' UNION SELECT m.id FROM %I m WHERE m.created_at >= $3'
+                   ' UNION SELECT a.message_id FROM %I a WHERE a.created_at >= $3)',
+                   message_part, attempt_part)
+        INTO keep USING low, high, cutoff;
+    EXECUTE format('ALTER TABLE pgmb_message DETACH PARTITION %I', message_part);
+    EXECUTE format('ALTER TABLE pgmb_attempt DETACH PARTITION %I', attempt_part);
+    EXECUTE format('ALTER TABLE %I RENAME TO %I', message_part, message_table);
+    EXECUTE format('ALTER TABLE %I RENAME TO %I', attempt_part, attempt_table);
+    IF cardinality(keep) > 0 THEN
+        -- Straight into the default partitions, which now hold the day's range: not
+        -- through the parents, whose triggers would route and check them again.
+        EXECUTE format('ALTER TABLE %I DISABLE TRIGGER USER', message_default);
+        EXECUTE format('WITH moved AS (DELETE FROM %I WHERE id = ANY ($1) RETURNING *)'
+                       ' INSERT INTO %I SELECT * FROM moved', message_table, message_default) USING keep;
+        EXECUTE format('ALTER TABLE %I ENABLE TRIGGER USER', message_default);
+        EXECUTE format('WITH moved AS (DELETE FROM %I WHERE message_id = ANY ($1) RETURNING *)'
+                       ' INSERT INTO %I SELECT * FROM moved', attempt_table, attempt_default) USING keep;
+    END IF;
+    INSERT INTO pgmb_archive_day (run_id, day, message_table, attempt_table, kept)
+    VALUES (run, day, message_table, attempt_table, cardinality(keep));
+    RETURN cardinality(keep);
+END $$;
+
 SELECT pgmb.partition_history_table(h.parent, h.key) FROM pgmb.history_tables() h;
 SELECT pgmb.premake_history(3);

@@ -117,7 +117,13 @@ def test_a_null_list_is_refused_in_both():
 
 def test_problems_read_the_same_in_python_and_sql():
     with connection.cursor() as cursor:
-        for entries, classes in [(["4xx", "6xx"], True), (["4xx"], False), ([None], True)]:
+        for entries, classes in [
+            (["4xx", "6xx"], True),
+            (["4xx"], False),
+            ([None], True),
+            (["o'4\\xx"], True),
+            ([], True),
+        ]:
             cursor.execute("SELECT pgmb.statuses_problem(%s::text[], %s)", [entries, classes])
             assert cursor.fetchone()[0] == final_answers.statuses_problem(entries, classes=classes)
 

@@ -134,10 +134,11 @@ CREATE STATISTICS IF NOT EXISTS pgmb.attempt_outcome_status (mcv)
 CREATE OR REPLACE FUNCTION pgmb.statuses_problem(entries text[], classes boolean) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN entries IS NULL THEN 'a list is required (empty: none)'
-           ELSE (SELECT format('%s is not %s', coalesce(quote_literal(u.e), 'NULL'),
-                               CASE WHEN classes
-                                    THEN 'an HTTP status (100 to 599, not 2xx) or a class of them (1xx, 3xx, 4xx or 5xx)'
-                                    ELSE 'an HTTP status (100 to 599, not 2xx)' END)
+           -- Quoted as pgmb.final_answers quotes it (no E'' form for a backslash).
+           ELSE (SELECT coalesce('''' || replace(u.e, '''', '''''') || '''', 'NULL') || ' is not '
+                        || CASE WHEN classes
+                                THEN 'an HTTP status (100 to 599, not 2xx) or a class of them (1xx, 3xx, 4xx or 5xx)'
+                                ELSE 'an HTTP status (100 to 599, not 2xx)' END
                  FROM unnest(entries) WITH ORDINALITY AS u(e, n)
                  WHERE NOT coalesce(lower(btrim(u.e, E' \t'))
                                     ~ CASE WHEN classes THEN '^(?:[1345][0-9][0-9]|[1345]xx)$'

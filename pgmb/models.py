@@ -25,7 +25,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from . import endpoint_policy, routing, sql
+from . import endpoint_policy, final_answers, routing, sql
 from .errors import PgmbError
 from .ids import uuid7
 from .trigger_guard import GuardedTrigger
@@ -187,6 +187,18 @@ def validate_positive(value: float) -> None:
         raise ValidationError(_("Enter a number above 0."), code="min_value")
 
 
+def validate_dead_statuses(value: object) -> None:
+    problem = final_answers.statuses_problem(value, classes=True)
+    if problem is not None:
+        raise ValidationError(problem, code="invalid")
+
+
+def validate_retried_statuses(value: object) -> None:
+    problem = final_answers.statuses_problem(value, classes=False)
+    if problem is not None:
+        raise ValidationError(problem, code="invalid")
+
+
 _BREAKER_SECONDS: list[Callable[[Any], None]] = [
     validate_finite,
     validate_positive,
@@ -202,7 +214,7 @@ WORKER_RULED_COLUMNS = (
     "breaker_cooldown", "breaker_cooldown_max", "breaker_state", "breaker_since",
     "breaker_until", "breaker_reason", "breaker_streak", "breaker_trips", "breaker_probe",
     "breaker_window_at", "breaker_requests", "breaker_failed", "breaker_prev_requests",
-    "breaker_prev_failed",
+    "breaker_prev_failed", "dead_statuses", "retried_statuses",
 )  # fmt: skip
 
 
@@ -315,6 +327,31 @@ class Worker(models.Model):
     breaker_failed = models.IntegerField(default=0, db_default=0, editable=False)
     breaker_prev_requests = models.IntegerField(default=0, db_default=0, editable=False)
     breaker_prev_failed = models.IntegerField(default=0, db_default=0, editable=False)
+    # Answers that stop retries (pgmb.final_answers; checked here and by
+    # pgmb.check_final_answers, stored normalised). Empty: every failure is retried.
+    dead_statuses = ArrayField(
+        models.TextField(),
+        verbose_name=_("dead-letter at once on"),
+        default=list,
+        db_default=[],
+        blank=True,
+        validators=[validate_dead_statuses],
+        help_text=_(
+            "Statuses (410) or classes (4xx), separated by commas, whose answer dead-letters "
+            "a delivery at once instead of retrying it. Empty: every failure is retried."
+        ),
+    )
+    retried_statuses = ArrayField(
+        models.TextField(),
+        verbose_name=_("retried all the same"),
+        default=list,
+        db_default=[],
+        blank=True,
+        validators=[validate_retried_statuses],
+        help_text=_(
+            "Statuses retried as usual although a class above names them, such as 408, 429."
+        ),
+    )
 
     class Meta:
         db_table = "pgmb_worker"
@@ -373,6 +410,7 @@ class Worker(models.Model):
     def clean(self) -> None:
         super().clean()
         self._clean_endpoint_and_timeout()
+        self._clean_final_answers()
         cooldown, cap = self.breaker_cooldown, self.breaker_cooldown_max
         # A value that is not a finite number has its own error already.
         if (
@@ -384,6 +422,23 @@ class Worker(models.Model):
         ):
             raise ValidationError(
                 {"breaker_cooldown_max": _("The cap must be at least the cool-down.")}
+            )
+
+    def _clean_final_answers(self) -> None:
+        """Both lists stored normalised; a status in both is refused (the field validators
+        have refused what is not a status)."""
+        dead, retried = self.dead_statuses, self.retried_statuses
+        if final_answers.statuses_problem(dead, classes=True) is not None:
+            return
+        if final_answers.statuses_problem(retried, classes=False) is not None:
+            return
+        self.dead_statuses = final_answers.normalised(dead)
+        self.retried_statuses = final_answers.normalised(retried)
+        twice = final_answers.in_both(dead, retried)
+        if twice is not None:
+            raise ValidationError(
+                {"retried_statuses": _("%(status)s is in dead_statuses too.") % {"status": twice}},
+                code="invalid",
             )
 
     def _clean_endpoint_and_timeout(self) -> None:

@@ -47,6 +47,8 @@ class WorkerForm(forms.ModelForm):
             "breaker_min_requests",
             "breaker_cooldown",
             "breaker_cooldown_max",
+            "dead_statuses",
+            "retried_statuses",
         ]
         widgets = {"endpoint": forms.URLInput(attrs={"class": "vURLField"})}
 

@@ -141,6 +141,17 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
                 ),
             },
         ),
+        (
+            _("Answers that stop retries"),
+            {
+                "fields": ("dead_statuses", "retried_statuses"),
+                "description": _(
+                    "A failed delivery is retried until its queue's retries run out, unless "
+                    "the worker answers with a status listed here (dead-lettered at once) or "
+                    "with the header Pgmb-Delivery: abort."
+                ),
+            },
+        ),
         (_("Record"), {"fields": ("id", "created_at"), "classes": ("collapse",)}),
     )
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .. import endpoint_policy
+from .. import endpoint_policy, final_answers
 from . import http1
 
 #: Statuses whose Retry-After is honoured.
@@ -138,4 +138,6 @@ async def post(
     reason = f"HTTP {status}"
     if 300 <= status < 400:
         reason += f" redirect to {response.headers.get('location', '?')} (not followed)"
+    if final_answers.aborts(response.headers):  # pgmb.settle_failures knows it by this text
+        reason = final_answers.ABORTED + reason
     return Outcome(False, status, elapsed(), f"{reason}: {text}".strip(), retry_after)

@@ -1,8 +1,10 @@
+import django.contrib.postgres.fields
 import django.db.models.deletion
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
 
+import pgmb.models
 import pgmb.trigger_guard
 from pgmb.sql.operations import LockTables, RunMigrationSQL, RunPlpythonSQL
 
@@ -44,6 +46,42 @@ class Migration(migrations.Migration):
                     "row, so delivered counts and latency do not count it; archived, retried "
                     "and dead-lettered messages are still recorded."
                 ),
+            ),
+        ),
+        # Answers that stop retries (docs/decisions/0080-answers-that-stop-retries.md): each
+        # column's default a constant (no row written), which 0.1.1's INSERTs of workers get.
+        migrations.AddField(
+            model_name="worker",
+            name="dead_statuses",
+            field=django.contrib.postgres.fields.ArrayField(
+                base_field=models.TextField(),
+                blank=True,
+                db_default=[],
+                default=list,
+                help_text=(
+                    "Statuses (410) or classes (4xx), separated by commas, whose answer "
+                    "dead-letters a delivery at once instead of retrying it. Empty: every "
+                    "failure is retried."
+                ),
+                size=None,
+                validators=[pgmb.models.validate_dead_statuses],
+                verbose_name="dead-letter at once on",
+            ),
+        ),
+        migrations.AddField(
+            model_name="worker",
+            name="retried_statuses",
+            field=django.contrib.postgres.fields.ArrayField(
+                base_field=models.TextField(),
+                blank=True,
+                db_default=[],
+                default=list,
+                help_text=(
+                    "Statuses retried as usual although a class above names them, such as 408, 429."
+                ),
+                size=None,
+                validators=[pgmb.models.validate_retried_statuses],
+                verbose_name="retried all the same",
             ),
         ),
         # Publishing: the routing trigger checks pgtrigger.ignore() without a subtransaction
@@ -133,7 +171,8 @@ class Migration(migrations.Migration):
                 name="worker_validate_update",
                 sql=pgtrigger.compiler.UpsertTriggerSql(
                     func="RETURN pgmb.prepare_worker(NEW);",
-                    hash="1c261d3a6d9e64e7afb4bf66837678b8a4d0b267",
+                    hash="1b7d4d7bc0bf40638115739f5c1d2262be607072",
+                    # Answers that stop retries: dead_statuses and retried_statuses too.
                     operation=(
                         'UPDATE OF "id", "name", "endpoint", "rps", "timeout", "burst", '
                         '"secret", "active", "created_at", "breaker_failures", "breaker_rate", '
@@ -141,7 +180,8 @@ class Migration(migrations.Migration):
                         '"breaker_cooldown_max", "breaker_state", "breaker_since", '
                         '"breaker_until", "breaker_reason", "breaker_streak", "breaker_trips", '
                         '"breaker_probe", "breaker_window_at", "breaker_requests", '
-                        '"breaker_failed", "breaker_prev_requests", "breaker_prev_failed"'
+                        '"breaker_failed", "breaker_prev_requests", "breaker_prev_failed", '
+                        '"dead_statuses", "retried_statuses"'
                     ),
                     pgid="pgtrigger_worker_validate_update_3bb89",
                     table="pgmb_worker",

@@ -102,6 +102,17 @@ def test_add_form_creates_the_worker(admin_client, db):
         ({"rps": "-5"}, "rps", "greater than or equal to"),
         ({"burst": "0"}, "burst", "greater than or equal to 0.001"),
         ({"timeout": "0"}, "timeout", "greater than or equal to 0.001"),
+        ({"dead_statuses": "410, 6xx"}, "dead_statuses", "'6xx' is not an HTTP status"),
+        ({"dead_statuses": "abc"}, "dead_statuses", "'abc' is not an HTTP status"),
+        ({"dead_statuses": "99"}, "dead_statuses", "'99' is not an HTTP status"),
+        ({"dead_statuses": "600"}, "dead_statuses", "'600' is not an HTTP status"),
+        ({"dead_statuses": "2xx"}, "dead_statuses", "(100 to 599, not 2xx)"),
+        ({"retried_statuses": "4xx"}, "retried_statuses", "'4xx' is not an HTTP status"),
+        (
+            {"dead_statuses": "4xx,429", "retried_statuses": "429"},
+            "retried_statuses",
+            "429 is in dead_statuses too.",
+        ),
     ],
 )
 def test_add_form_rejects_bad_input(admin_client, db, changes, field, message):
@@ -111,6 +122,33 @@ def test_add_form_rejects_bad_input(admin_client, db, changes, field, message):
     assert any(message in text for text in errors.get(field, [])), errors
     assert escape(message) in response.content.decode()
     assert not Worker.objects.exists()
+
+
+def test_answers_that_stop_retries_are_stored_normalised(admin_client, make_worker):
+    worker = make_worker("orders")
+
+    response = admin_client.post(
+        url("worker_change", worker.pk),
+        worker_data(dead_statuses="4XX, 410 ,410", retried_statuses="429,408"),
+    )
+
+    assert form_errors(response) == {}
+    worker.refresh_from_db()
+    assert (worker.dead_statuses, worker.retried_statuses) == (["410", "4xx"], ["408", "429"])
+    page = admin_client.get(url("worker_change", worker.pk)).content.decode()
+    assert 'value="410,4xx"' in page
+
+
+def test_a_bad_status_changes_nothing(admin_client, make_worker):
+    worker = make_worker("orders", dead_statuses=["410"])
+
+    response = admin_client.post(
+        url("worker_change", worker.pk), worker_data(dead_statuses="410,6xx")
+    )
+
+    assert "dead_statuses" in form_errors(response)
+    worker.refresh_from_db()
+    assert worker.dead_statuses == ["410"]
 
 
 def test_duplicate_name_is_a_form_error(admin_client, make_worker):

@@ -9,10 +9,10 @@ import psycopg
 import pytest
 
 import pgmb
-from pgmb import breakers, deliveries
+from pgmb import breakers, deliveries, final_answers
 from pgmb.db.conninfo import conninfo_from_django
 from pgmb.deliveries import Failure, Success
-from pgmb.models import Delivery, Worker
+from pgmb.models import DeadLetter, Delivery, Worker
 
 
 def _fail(rows, status=503, error="HTTP 503: busy"):
@@ -306,3 +306,23 @@ def test_saving_a_worker_read_before_a_transition_keeps_the_transition(guarded):
     stale.save()
     w = _state(worker)
     assert (w.rps, w.breaker_state) == (50, "open")
+
+
+@pytest.mark.parametrize(
+    ("dead", "error"),
+    [(["5xx"], "HTTP 503: busy"), ([], final_answers.ABORTED + "HTTP 503: busy")],
+    ids=["dead_statuses", "abort_header"],
+)
+def test_an_answer_that_stops_retries_still_counts_for_the_breaker(
+    make_worker, make_queue, dead, error
+):
+    worker = make_worker(breaker_failures=2, dead_statuses=dead)
+    make_queue("#", worker=worker)
+    for n in range(2):
+        pgmb.send("k", n)
+    rows = deliveries.claim(limit=2)
+    assert _fail(rows, 503, error) == 2
+    # Dead-lettered after one attempt each, and heard by the breaker as two failures.
+    assert not Delivery.objects.exists()
+    assert list(DeadLetter.objects.values_list("attempts", "last_status")) == [(1, 503)] * 2
+    assert _state(worker).breaker_state == "open"

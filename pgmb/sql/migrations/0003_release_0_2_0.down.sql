@@ -776,3 +776,102 @@ END $$;
 -- pgmb_archive_day goes with its model. Tables of days a run detached and has not dropped
 -- yet (pgmb_archive_<run>_*) stay: their rows are in no other table.
 DROP FUNCTION pgmb.claim_history_day(bigint, date, timestamptz);
+
+-- ==== Answers that stop retries ====
+-- 0.1.1's functions (pgmb.post_via_http_headers is 0.2.0's: its section drops it); the
+-- columns are dropped by Django after this file.
+
+CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    problem text;
+BEGIN
+    PERFORM pgmb.check_name('worker', w.name);
+    IF (w.endpoint IS NULL
+        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#\[\]\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*@)?(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^/?#@\[\]:\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+)(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])?)?(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
+        -- Named with its credentials masked: an error text reaches logs and screens.
+        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(pgmb.mask_credentials(w.endpoint)), w.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The endpoint must be an http:// or https:// URL without blanks, its host a name, an IPv4 address or an IPv6 address in brackets, its port (if any) from 1 to 65535.';
+    END IF;
+    IF w.rps IS NULL OR w.rps <= 0 THEN
+        RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.timeout IS NULL OR w.timeout <= 0 THEN
+        RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    problem := pgmb.new_secret_problem(w.secret);
+    IF problem IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
+        RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use whsec_ and the base64 of at least 16 bytes (padded or not), or a text of at least 16 bytes without control characters.';
+    END IF;
+    w := pgmb.check_breaker(w);
+    RETURN w;
+END $_$;
+
+CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    settled integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
+            AS u(id, lease_id, status, error, retry_after, duration_ms)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
+               q.backoff_base, q.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
+            available_at = clock_timestamp()
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+DROP FUNCTION IF EXISTS pgmb.final_answer_note(integer, text, text[], text[]),
+    pgmb.check_final_answers(public.pgmb_worker), pgmb.statuses_normalised(text[]),
+    pgmb.statuses_problem(text[], boolean), pgmb.aborted_prefix(), pgmb.abort_value(),
+    pgmb.abort_header();

@@ -1519,3 +1519,276 @@ BEGIN
         GRANT USAGE, SELECT ON SEQUENCE pgmb_archive_day_id_seq TO pgmb_admin;
     END IF;
 END $$;
+
+-- ==== Answers that stop retries ====
+-- A worker's dead_statuses and retried_statuses (the columns are Django's, added before
+-- this file runs) and its abort header: checked by the worker's trigger, decided where a
+-- failure is settled (docs/decisions/0080-answers-that-stop-retries.md). No function
+-- 0.1.1's dispatchers call changes its arguments or results; their failures go on being
+-- settled by pgmb.settle_failures, which now also reads the worker's lists.
+
+-- A worker's answers that stop retries (docs/delivery.md, Answers that stop retries): the
+-- rules of pgmb.final_answers in Python (one table of cases runs both, tests/rules).
+-- An entry of dead_statuses is a status (100 to 599, not a 2xx: that is a success) or a
+-- class of them (1xx, 3xx, 4xx, 5xx); one of retried_statuses a status only. What is wrong
+-- with a list (NULL: nothing), the first bad entry named.
+CREATE OR REPLACE FUNCTION pgmb.statuses_problem(entries text[], classes boolean) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN entries IS NULL THEN 'a list is required (empty: none)'
+           -- Quoted as pgmb.final_answers quotes it (no E'' form for a backslash).
+           ELSE (SELECT coalesce('''' || replace(u.e, '''', '''''') || '''', 'NULL') || ' is not '
+                        || CASE WHEN classes
+                                THEN 'an HTTP status (100 to 599, not 2xx) or a class of them (1xx, 3xx, 4xx or 5xx)'
+                                ELSE 'an HTTP status (100 to 599, not 2xx)' END
+                 FROM unnest(entries) WITH ORDINALITY AS u(e, n)
+                 WHERE NOT coalesce(lower(btrim(u.e, E' \t'))
+                                    ~ CASE WHEN classes THEN '^(?:[1345][0-9][0-9]|[1345]xx)$'
+                                           ELSE '^[1345][0-9][0-9]$' END, false)
+                 ORDER BY u.n LIMIT 1) END
+$$;
+
+-- A valid list as stored: each entry trimmed and lower-cased, once, in byte order.
+CREATE OR REPLACE FUNCTION pgmb.statuses_normalised(entries text[]) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(DISTINCT lower(btrim(u.e, E' \t')) COLLATE "C"
+                              ORDER BY lower(btrim(u.e, E' \t')) COLLATE "C"), '{}')
+    FROM unnest(entries) AS u(e)
+$$;
+
+-- Both lists of a worker checked and stored normalised, or refused naming what is wrong: a
+-- status in both lists is refused (which would win is not for pgmb to guess).
+CREATE OR REPLACE FUNCTION pgmb.check_final_answers(w public.pgmb_worker) RETURNS public.pgmb_worker
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text;
+    twice text;
+BEGIN
+    problem := pgmb.statuses_problem(w.dead_statuses, true);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid dead_statuses for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'List statuses such as 410 or classes such as 4xx; an empty list retries every failure.';
+    END IF;
+    problem := pgmb.statuses_problem(w.retried_statuses, false);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid retried_statuses for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'List statuses such as 408 or 429 that dead_statuses names the class of.';
+    END IF;
+    w.dead_statuses := pgmb.statuses_normalised(w.dead_statuses);
+    w.retried_statuses := pgmb.statuses_normalised(w.retried_statuses);
+    twice := (SELECT min(s) FROM unnest(w.retried_statuses) AS s WHERE s = ANY (w.dead_statuses));
+    IF twice IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid retried_statuses for worker %: % is in dead_statuses too', w.name, twice
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN w;
+END $$;
+
+-- The header by which a worker asks that a failed delivery be dead-lettered at once, and
+-- its value (compared trimmed of blanks, in any case): Pgmb-Delivery: abort. A transport
+-- that reads it on a non-2xx answer begins the attempt's error with pgmb.aborted_prefix().
+-- Named once here and in pgmb.final_answers (tests/rules/test_loop_constants.py).
+CREATE OR REPLACE FUNCTION pgmb.abort_header() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'pgmb-delivery' $$;
+
+-- The header's value that asks for it.
+CREATE OR REPLACE FUNCTION pgmb.abort_value() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'abort' $$;
+
+-- pgmb writes this; no worker can: a worker's answer reaches the error only after "HTTP ".
+CREATE OR REPLACE FUNCTION pgmb.aborted_prefix() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 'the worker answered Pgmb-Delivery: abort, so it is dead-lettered at once: '
+$$;
+
+-- Whether a failed attempt's answer ends its delivery at once (pgmb.settle_failures), and
+-- the note that the dead letter's error then begins with ('' when the error says why
+-- already); NULL: retried as usual. Either the worker answered with the abort header
+-- (its transport then began the error with pgmb.aborted_prefix()), or with a status of its
+-- dead_statuses, named there or by its class, and not in its retried_statuses. An answer
+-- with no status (a timeout, a refused connection) never stops retries. Inlined into the
+-- statement that calls it (it calls nothing that is not IMMUTABLE, so no format()): a
+-- call of its own would cost pgmb.settle_failures a quarter more CPU.
+CREATE OR REPLACE FUNCTION pgmb.final_answer_note(status integer, error text, dead text[], retried text[])
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN status IS NULL THEN NULL
+                WHEN starts_with(coalesce(error, ''), pgmb.aborted_prefix()) THEN ''
+                WHEN dead = '{}' THEN NULL
+                WHEN status::text = ANY (dead)
+                     OR ((status / 100)::text || 'xx' = ANY (dead) AND NOT status::text = ANY (retried))
+                THEN 'the worker answered ' || status::text || ', which it dead-letters at once: '
+           END
+$$;
+
+-- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
+-- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
+-- bucket runs no rule): the name, endpoint, rate, timeout and secret rules for every writer
+-- (an unchanged endpoint or secret stays accepted: a row stored before a rule can still be
+-- paused), then the circuit breaker's settings (pgmb.check_breaker) and the answers that
+-- stop retries (pgmb.check_final_answers).
+CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    problem text;
+BEGIN
+    PERFORM pgmb.check_name('worker', w.name);
+    IF (w.endpoint IS NULL
+        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#\[\]\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*@)?(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^/?#@\[\]:\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+)(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])?)?(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
+        -- Named with its credentials masked: an error text reaches logs and screens.
+        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(pgmb.mask_credentials(w.endpoint)), w.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The endpoint must be an http:// or https:// URL without blanks, its host a name, an IPv4 address or an IPv6 address in brackets, its port (if any) from 1 to 65535.';
+    END IF;
+    IF w.rps IS NULL OR w.rps <= 0 THEN
+        RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.timeout IS NULL OR w.timeout <= 0 THEN
+        RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    problem := pgmb.new_secret_problem(w.secret);
+    IF problem IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
+        RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use whsec_ and the base64 of at least 16 bytes (padded or not), or a text of at least 16 bytes without control characters.';
+    END IF;
+    w := pgmb.check_breaker(w);
+    w := pgmb.check_final_answers(w);
+    RETURN w;
+END $_$;
+
+-- Records failed attempts of leased deliveries (fenced by their lease ids): each is
+-- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
+-- once after an answer that stops retries (pgmb.final_answer_note: the worker's
+-- dead_statuses, or its abort header; the error then says so), or retried after the message's fixed retry_delay or the queue's backoff (an endpoint's
+-- Retry-After may lengthen either); every attempt goes to the history, with outcome `retry_outcome`
+-- or 'dead'. The circuit breakers hear of the outcomes first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    settled integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
+            AS u(id, lease_id, status, error, retry_after, duration_ms)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
+               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
+               q.backoff_base, q.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
+        -- A pull queue has no worker; its reads' leases come here when they expire.
+        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
+            available_at = clock_timestamp()
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+-- POST through pgsql-http, the headers given as pgmb.http_header_records makes them. The
+-- call is one expression, which PL/pgSQL evaluates without starting an executor (a
+-- statement's would cost about half as much as pgsql-http's own work on a kept
+-- connection), its answer kept in a record: PL/pgSQL resolves http() and its types when
+-- the expression first runs, so this file installs without the extension. pgsql-http
+-- follows redirects itself (up to 5) and has no option to stop it. Its curl options last
+-- for the session, whatever becomes of the transaction: the timeout is set only when it
+-- differs from the one this session last set (pgmb.http_timeout_ms; a rollback forgets
+-- it, so it is then set again, never left stale). A fault of the request (refused, timed
+-- out, no answer) is its outcome.
+CREATE OR REPLACE FUNCTION pgmb.post_via_http_headers(url text, body text, header_records text, timeout float8)
+RETURNS pgmb.http_outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz := clock_timestamp();
+    -- Outside the subtransaction: a timeout no client takes is pgmb's own fault (the
+    -- caller's), not the request's.
+    timeout_ms text := ceil(timeout * 1000)::bigint::text;
+    answer record;
+    answer_location text;
+    answer_retry_after text;
+    aborted boolean;
+    outcome pgmb.http_outcome;
+BEGIN
+    BEGIN
+        IF current_setting('pgmb.http_timeout_ms', true) IS DISTINCT FROM timeout_ms THEN
+            PERFORM http_set_curlopt('CURLOPT_TIMEOUT_MS', timeout_ms);
+            PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
+        END IF;
+        answer := http(ROW('POST', url, header_records::http_header[], 'application/json', body)::http_request);
+        -- The answer's headers are looked through only for a failure, in one pass: its
+        -- outcome reads the first Location (3xx) and Retry-After (429, 503), and the abort
+        -- header (pgmb.abort_header) ends its delivery at once.
+        IF answer.status NOT BETWEEN 200 AND 299 THEN
+            SELECT (array_agg(h.value) FILTER (WHERE lower(h.field) = 'location'))[1],
+                   (array_agg(h.value) FILTER (WHERE lower(h.field) = 'retry-after'))[1],
+                   coalesce(bool_or(lower(h.field) = pgmb.abort_header()
+                                    AND lower(btrim(h.value, E' \t')) = pgmb.abort_value()), false)
+            INTO answer_location, answer_retry_after, aborted
+            FROM unnest(answer.headers) AS h;
+        END IF;
+    EXCEPTION WHEN others THEN
+        RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
+                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
+    END;
+    -- Outside the subtransaction, which need only cover the call.
+    outcome := pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
+    IF aborted THEN
+        outcome.error := pgmb.aborted_prefix() || outcome.error;
+    END IF;
+    RETURN outcome;
+END $$;
+
+-- Closed, as every function of pgmb's but the reviewed list (access.sql).
+REVOKE EXECUTE ON FUNCTION
+    pgmb.statuses_problem(text[], boolean),
+    pgmb.statuses_normalised(text[]),
+    pgmb.check_final_answers(public.pgmb_worker),
+    pgmb.abort_header(),
+    pgmb.abort_value(),
+    pgmb.aborted_prefix(),
+    pgmb.final_answer_note(integer, text, text[], text[])
+FROM PUBLIC;

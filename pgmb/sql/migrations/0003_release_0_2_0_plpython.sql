@@ -86,6 +86,11 @@ STALE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 RESOLVERS = 4
 # How the error of a failure of pgmb's own begins (pgmb.dispatch.client.OWN_FAILURE).
 OWN_FAILURE = "pgmb's own failure: "
+# The answer that dead-letters at once (pgmb.final_answers, pgmb.abort_header() in SQL): a
+# non-2xx answer with this header and value begins its error with ABORTED.
+ABORT_HEADER = "Pgmb-Delivery"
+ABORT_VALUE = "abort"
+ABORTED = "the worker answered Pgmb-Delivery: abort, so it is dead-lettered at once: "
 # Requests of a run in flight at once. Measured on a 2-core machine against nginx: 8 posted
 # 2.3-3x as many requests a second as 1, and 16 no more than 8 (docs/benchmarks.md).
 WINDOW = 8
@@ -506,7 +511,13 @@ class Transport:
             )
         duration = (time.perf_counter() - started) * 1000
         row = self.plpy.execute(plan, [status, text, location, retry_after, duration])[0]
-        return (row["status"], row["error"], row["retry_after"], row["duration_ms"])
+        error = row["error"]
+        if any(
+            name.lower() == ABORT_HEADER.lower() and value.strip(" \t").lower() == ABORT_VALUE
+            for name, value in response.getheaders()
+        ):
+            error = ABORTED + error
+        return (row["status"], error, row["retry_after"], row["duration_ms"])
 
     def post(self, url: str, body: str, headers: str, timeout: float) -> Outcome:
         """One POST (pgmb.post_via_plpython): its outcome, as receive() gives it."""

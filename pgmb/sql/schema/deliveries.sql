@@ -223,8 +223,9 @@ BEGIN
 END $$;
 
 -- Records failed attempts of leased deliveries (fenced by their lease ids): each is
--- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or
--- retried after the message's fixed retry_delay or the queue's backoff (an endpoint's
+-- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
+-- once after an answer that stops retries (pgmb.final_answer_note: the worker's
+-- dead_statuses, or its abort header; the error then says so), or retried after the message's fixed retry_delay or the queue's backoff (an endpoint's
 -- Retry-After may lengthen either); every attempt goes to the history, with outcome `retry_outcome`
 -- or 'dead'. The circuit breakers hear of the outcomes first. Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
@@ -239,14 +240,18 @@ BEGIN
         SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
             AS u(id, lease_id, status, error, retry_after, duration_ms)
     ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
+               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
                u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
                q.backoff_base, q.backoff_max, m.retry_delay
         FROM input u
         JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
         JOIN pgmb_queue q ON q.id = d.queue_id
         JOIN pgmb_message m ON m.id = d.message_id
+        -- A pull queue has no worker; its reads' leases come here when they expire.
+        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
         FOR UPDATE OF d
     ), dead AS (
         DELETE FROM pgmb_delivery d USING target t

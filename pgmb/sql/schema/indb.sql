@@ -156,6 +156,8 @@ DECLARE
     answer record;
     answer_location text;
     answer_retry_after text;
+    aborted boolean;
+    outcome pgmb.http_outcome;
 BEGIN
     BEGIN
         IF current_setting('pgmb.http_timeout_ms', true) IS DISTINCT FROM timeout_ms THEN
@@ -163,20 +165,27 @@ BEGIN
             PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
         END IF;
         answer := http(ROW('POST', url, header_records::http_header[], 'application/json', body)::http_request);
-        -- The answer's headers are looked through only when its outcome reads them.
-        IF answer.status BETWEEN 300 AND 399 THEN
-            SELECT h.value INTO answer_location
-            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'location' LIMIT 1;
-        ELSIF answer.status IN (429, 503) THEN
-            SELECT h.value INTO answer_retry_after
-            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1;
+        -- The answer's headers are looked through only for a failure, in one pass: its
+        -- outcome reads the first Location (3xx) and Retry-After (429, 503), and the abort
+        -- header (pgmb.abort_header) ends its delivery at once.
+        IF answer.status NOT BETWEEN 200 AND 299 THEN
+            SELECT (array_agg(h.value) FILTER (WHERE lower(h.field) = 'location'))[1],
+                   (array_agg(h.value) FILTER (WHERE lower(h.field) = 'retry-after'))[1],
+                   coalesce(bool_or(lower(h.field) = pgmb.abort_header()
+                                    AND lower(btrim(h.value, E' \t')) = pgmb.abort_value()), false)
+            INTO answer_location, answer_retry_after, aborted
+            FROM unnest(answer.headers) AS h;
         END IF;
     EXCEPTION WHEN others THEN
         RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
                    extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
     END;
     -- Outside the subtransaction, which need only cover the call.
-    RETURN pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
+    outcome := pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
+    IF aborted THEN
+        outcome.error := pgmb.aborted_prefix() || outcome.error;
+    END IF;
+    RETURN outcome;
 END $$;
 
 -- POST through pgsql-http, the headers a jsonb object (pgmb.post's arguments, 0.1.1's).

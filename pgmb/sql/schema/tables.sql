@@ -126,11 +126,107 @@ CREATE STATISTICS IF NOT EXISTS pgmb.attempt_outcome_status (mcv)
 
 -- ==== the trigger functions of pgmb_worker and pgmb_queue ====
 
+-- A worker's answers that stop retries (docs/delivery.md, Answers that stop retries): the
+-- rules of pgmb.final_answers in Python (one table of cases runs both, tests/rules).
+-- An entry of dead_statuses is a status (100 to 599, not a 2xx: that is a success) or a
+-- class of them (1xx, 3xx, 4xx, 5xx); one of retried_statuses a status only. What is wrong
+-- with a list (NULL: nothing), the first bad entry named.
+CREATE OR REPLACE FUNCTION pgmb.statuses_problem(entries text[], classes boolean) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN entries IS NULL THEN 'a list is required (empty: none)'
+           -- Quoted as pgmb.final_answers quotes it (no E'' form for a backslash).
+           ELSE (SELECT coalesce('''' || replace(u.e, '''', '''''') || '''', 'NULL') || ' is not '
+                        || CASE WHEN classes
+                                THEN 'an HTTP status (100 to 599, not 2xx) or a class of them (1xx, 3xx, 4xx or 5xx)'
+                                ELSE 'an HTTP status (100 to 599, not 2xx)' END
+                 FROM unnest(entries) WITH ORDINALITY AS u(e, n)
+                 WHERE NOT coalesce(lower(btrim(u.e, E' \t'))
+                                    ~ CASE WHEN classes THEN '^(?:[1345][0-9][0-9]|[1345]xx)$'
+                                           ELSE '^[1345][0-9][0-9]$' END, false)
+                 ORDER BY u.n LIMIT 1) END
+$$;
+
+-- A valid list as stored: each entry trimmed and lower-cased, once, in byte order.
+CREATE OR REPLACE FUNCTION pgmb.statuses_normalised(entries text[]) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(DISTINCT lower(btrim(u.e, E' \t')) COLLATE "C"
+                              ORDER BY lower(btrim(u.e, E' \t')) COLLATE "C"), '{}')
+    FROM unnest(entries) AS u(e)
+$$;
+
+-- Both lists of a worker checked and stored normalised, or refused naming what is wrong: a
+-- status in both lists is refused (which would win is not for pgmb to guess).
+CREATE OR REPLACE FUNCTION pgmb.check_final_answers(w public.pgmb_worker) RETURNS public.pgmb_worker
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text;
+    twice text;
+BEGIN
+    problem := pgmb.statuses_problem(w.dead_statuses, true);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid dead_statuses for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'List statuses such as 410 or classes such as 4xx; an empty list retries every failure.';
+    END IF;
+    problem := pgmb.statuses_problem(w.retried_statuses, false);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid retried_statuses for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'List statuses such as 408 or 429 that dead_statuses names the class of.';
+    END IF;
+    w.dead_statuses := pgmb.statuses_normalised(w.dead_statuses);
+    w.retried_statuses := pgmb.statuses_normalised(w.retried_statuses);
+    twice := (SELECT min(s) FROM unnest(w.retried_statuses) AS s WHERE s = ANY (w.dead_statuses));
+    IF twice IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid retried_statuses for worker %: % is in dead_statuses too', w.name, twice
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN w;
+END $$;
+
+-- The header by which a worker asks that a failed delivery be dead-lettered at once, and
+-- its value (compared trimmed of blanks, in any case): Pgmb-Delivery: abort. A transport
+-- that reads it on a non-2xx answer begins the attempt's error with pgmb.aborted_prefix().
+-- Named once here and in pgmb.final_answers (tests/rules/test_loop_constants.py).
+CREATE OR REPLACE FUNCTION pgmb.abort_header() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'pgmb-delivery' $$;
+
+-- The header's value that asks for it.
+CREATE OR REPLACE FUNCTION pgmb.abort_value() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'abort' $$;
+
+-- pgmb writes this; no worker can: a worker's answer reaches the error only after "HTTP ".
+CREATE OR REPLACE FUNCTION pgmb.aborted_prefix() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 'the worker answered Pgmb-Delivery: abort, so it is dead-lettered at once: '
+$$;
+
+-- Whether a failed attempt's answer ends its delivery at once (pgmb.settle_failures), and
+-- the note that the dead letter's error then begins with ('' when the error says why
+-- already); NULL: retried as usual. Either the worker answered with the abort header
+-- (its transport then began the error with pgmb.aborted_prefix()), or with a status of its
+-- dead_statuses, named there or by its class, and not in its retried_statuses. An answer
+-- with no status (a timeout, a refused connection) never stops retries. Inlined into the
+-- statement that calls it (it calls nothing that is not IMMUTABLE, so no format()): a
+-- call of its own would cost pgmb.settle_failures a quarter more CPU.
+CREATE OR REPLACE FUNCTION pgmb.final_answer_note(status integer, error text, dead text[], retried text[])
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN status IS NULL THEN NULL
+                WHEN starts_with(coalesce(error, ''), pgmb.aborted_prefix()) THEN ''
+                WHEN dead = '{}' THEN NULL
+                WHEN status::text = ANY (dead)
+                     OR ((status / 100)::text || 'xx' = ANY (dead) AND NOT status::text = ANY (retried))
+                THEN 'the worker answered ' || status::text || ', which it dead-letters at once: '
+           END
+$$;
+
 -- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
 -- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
 -- bucket runs no rule): the name, endpoint, rate, timeout and secret rules for every writer
 -- (an unchanged endpoint or secret stays accepted: a row stored before a rule can still be
--- paused), then the circuit breaker's settings (pgmb.check_breaker).
+-- paused), then the circuit breaker's settings (pgmb.check_breaker) and the answers that
+-- stop retries (pgmb.check_final_answers).
 CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql
     AS $_$
@@ -162,6 +258,7 @@ BEGIN
                   HINT = 'Use whsec_ and the base64 of at least 16 bytes (padded or not), or a text of at least 16 bytes without control characters.';
     END IF;
     w := pgmb.check_breaker(w);
+    w := pgmb.check_final_answers(w);
     RETURN w;
 END $_$;
 

@@ -314,6 +314,14 @@ class _ByMessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
         return message_link(obj.message_id, obj.routing_key)
 
 
+def _message_texts(obj: Delivery | DeadLetter) -> tuple[str, str] | None:
+    """The body and headers of the row's message (None: purged), in one query, kept on obj."""
+    if not hasattr(obj, _STORED):
+        setattr(obj, _STORED, stored_texts(obj.message_id, obj._state.db))
+    stored: tuple[str, str] | None = getattr(obj, _STORED)
+    return stored
+
+
 class _MessagePage(_ColumnsBase):
     """The page of a delivery or a dead letter: its queue and worker by name, and its
     message (routing key, body, headers) with every attempt on that queue."""
@@ -334,12 +342,12 @@ class _MessagePage(_ColumnsBase):
 
     @admin.display(description=_("body"))
     def body(self, obj: Delivery | DeadLetter) -> SafeString | str:
-        stored = stored_texts(obj.message_id, obj._state.db)
+        stored = _message_texts(obj)
         return "-" if stored is None else pretty_stored(stored[0])
 
     @admin.display(description=_("headers"))
     def headers(self, obj: Delivery | DeadLetter) -> SafeString | str:
-        stored = stored_texts(obj.message_id, obj._state.db)
+        stored = _message_texts(obj)
         return "-" if stored is None else pretty_stored(stored[1])
 
     @admin.display(description=_("attempts on this queue"))

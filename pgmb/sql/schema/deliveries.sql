@@ -225,9 +225,10 @@ END $$;
 -- Records failed attempts of leased deliveries (fenced by their lease ids): each is
 -- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
 -- once after an answer that stops retries (pgmb.final_answer_note: the worker's
--- dead_statuses, or its abort header; the error then says so), or retried after the message's fixed retry_delay or the queue's backoff (an endpoint's
--- Retry-After may lengthen either); every attempt goes to the history, with outcome `retry_outcome`
--- or 'dead'. The circuit breakers hear of the outcomes first. Planned as pgmb.claim.
+-- dead_statuses, or its abort header; the error then says so), or retried after the
+-- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
+-- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. The
+-- circuit breakers hear of the outcomes first. Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off

@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterable, Mapping
 
 #: The header a worker answers with to have a failed delivery dead-lettered at once, and its
-#: value (compared trimmed of blanks, in any case): ``Pgmb-Delivery: abort``.
+#: value (compared trimmed of blanks, in any case, as any item of the header's comma-separated
+#: list): ``Pgmb-Delivery: abort``.
 ABORT_HEADER = "Pgmb-Delivery"
 ABORT_VALUE = "abort"
 #: How the error of such an attempt begins; pgmb.settle_failures knows it by this. A worker's
@@ -34,8 +35,6 @@ def statuses_problem(entries: object, *, classes: bool) -> str | None:
     ``classes``, a class of them: 1xx, 3xx, 4xx or 5xx; blanks around it and its case do not
     matter.
     """
-    if entries is None:
-        return "a list is required (empty: none)"
     if not isinstance(entries, list | tuple):
         return "a list is required (empty: none)"
     pattern = _STATUS_OR_CLASS if classes else _STATUS
@@ -63,6 +62,9 @@ def in_both(dead: Iterable[str], retried: Iterable[str]) -> str | None:
 
 
 def aborts(headers: Mapping[str, str]) -> bool:
-    """Whether a failed answer's headers (names lower-cased) ask for a dead letter now."""
+    """Whether a failed answer's headers (names lower-cased, repeats joined by commas) ask
+    for a dead letter now: the header is a list (RFC 9110, 5.6.1), any item of it will do."""
     value = headers.get(ABORT_HEADER.lower())
-    return value is not None and value.strip(_BLANKS).lower() == ABORT_VALUE
+    return value is not None and any(
+        item.strip(_BLANKS).lower() == ABORT_VALUE for item in value.split(",")
+    )

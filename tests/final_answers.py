@@ -43,7 +43,11 @@ CASES = {
         attempts=1,
         error=final_answers.ABORTED,
     ),
-    "other_header": Case(409, headers={"Pgmb-Delivery": "retry"}),
+    # The header is a list: any item of it will do (repeats come joined so).
+    "listed_abort": Case(
+        409, headers={"Pgmb-Delivery": "retry,  ABORT "}, attempts=1, error=final_answers.ABORTED
+    ),
+    "other_header": Case(409, headers={"Pgmb-Delivery": "retry, aborted"}),
 }
 
 

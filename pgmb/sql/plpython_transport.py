@@ -481,7 +481,8 @@ class Transport:
         row = self.plpy.execute(plan, [status, text, location, retry_after, duration])[0]
         error = row["error"]
         if any(
-            name.lower() == ABORT_HEADER.lower() and value.strip(" \t").lower() == ABORT_VALUE
+            name.lower() == ABORT_HEADER.lower()
+            and any(item.strip(" \t").lower() == ABORT_VALUE for item in value.split(","))
             for name, value in response.getheaders()
         ):
             error = ABORTED + error

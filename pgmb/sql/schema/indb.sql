@@ -171,8 +171,10 @@ BEGIN
         IF answer.status NOT BETWEEN 200 AND 299 THEN
             SELECT (array_agg(h.value) FILTER (WHERE lower(h.field) = 'location'))[1],
                    (array_agg(h.value) FILTER (WHERE lower(h.field) = 'retry-after'))[1],
+                   -- The header is a list (RFC 9110, 5.6.1): any item of it will do.
                    coalesce(bool_or(lower(h.field) = pgmb.abort_header()
-                                    AND lower(btrim(h.value, E' \t')) = pgmb.abort_value()), false)
+                                    AND lower(h.value) ~ ('(^|,)[ \t]*' || pgmb.abort_value() || '[ \t]*(,|$)')),
+                            false)
             INTO answer_location, answer_retry_after, aborted
             FROM unnest(answer.headers) AS h;
         END IF;

@@ -7,6 +7,7 @@ replayed (see :mod:`pgmb.admin.replay`), which call it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -278,12 +279,19 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, _TimeColumns, admin.ModelA
 _STORED = "pgmb_stored_json"
 
 
-def _stored_json(obj: Message) -> tuple[str, str]:
-    """The message's body and headers as PostgreSQL prints them, in one query, kept on obj."""
+def _texts_kept(
+    obj: Message | Delivery | DeadLetter, message_id: uuid.UUID
+) -> tuple[str, str] | None:
+    """The body and headers of a message (None: purged), in one query, kept on obj."""
     if not hasattr(obj, _STORED):
-        setattr(obj, _STORED, stored_texts(obj.pk, obj._state.db) or ("null", "null"))
-    stored: tuple[str, str] = getattr(obj, _STORED)
+        setattr(obj, _STORED, stored_texts(message_id, obj._state.db))
+    stored: tuple[str, str] | None = getattr(obj, _STORED)
     return stored
+
+
+def _stored_json(obj: Message) -> tuple[str, str]:
+    """The message's body and headers as PostgreSQL prints them."""
+    return _texts_kept(obj, obj.pk) or ("null", "null")
 
 
 def _hang_routed(messages: list[Message], using: str | None) -> None:
@@ -314,14 +322,6 @@ class _ByMessageAdmin(MessageSearchMixin, ReadOnlyMixin, admin.ModelAdmin):
         return message_link(obj.message_id, obj.routing_key)
 
 
-def _message_texts(obj: Delivery | DeadLetter) -> tuple[str, str] | None:
-    """The body and headers of the row's message (None: purged), in one query, kept on obj."""
-    if not hasattr(obj, _STORED):
-        setattr(obj, _STORED, stored_texts(obj.message_id, obj._state.db))
-    stored: tuple[str, str] | None = getattr(obj, _STORED)
-    return stored
-
-
 class _MessagePage(_ColumnsBase):
     """The page of a delivery or a dead letter: its queue and worker by name, and its
     message (routing key, body, headers) with every attempt on that queue."""
@@ -342,12 +342,12 @@ class _MessagePage(_ColumnsBase):
 
     @admin.display(description=_("body"))
     def body(self, obj: Delivery | DeadLetter) -> SafeString | str:
-        stored = _message_texts(obj)
+        stored = _texts_kept(obj, obj.message_id)
         return "-" if stored is None else pretty_stored(stored[0])
 
     @admin.display(description=_("headers"))
     def headers(self, obj: Delivery | DeadLetter) -> SafeString | str:
-        stored = _message_texts(obj)
+        stored = _texts_kept(obj, obj.message_id)
         return "-" if stored is None else pretty_stored(stored[1])
 
     @admin.display(description=_("attempts on this queue"))

@@ -39,7 +39,7 @@ from typing import Any
 
 import psycopg
 
-from . import conf, dispatcher_registry, sql
+from . import conf, dispatcher_registry, sql, tracing
 from .db import pooler
 from .db.backoff import Backoff
 from .db.conninfo import conninfo_from_django, direct_conninfo
@@ -351,7 +351,8 @@ class Consumer:
                     rest = [m for g in groups[i:] for m in g]
                     break
                 try:
-                    self.handler(group if self.batch else group[0])
+                    with tracing.consume_span(self.queue, group):
+                        self.handler(group if self.batch else group[0])
                 except (Exception, SystemExit) as exc:  # fails its messages, never the loop
                     log.warning(
                         "handler failed on %s of %s: %s",

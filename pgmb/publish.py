@@ -17,7 +17,7 @@ from typing import Any, Union
 
 from django.db import IntegrityError, connections
 
-from . import conf, sql
+from . import conf, sql, tracing
 from .durations import check_seconds, check_time
 from .errors import DuplicateMessage, InvalidBody, InvalidDelay, UnknownDependency
 from .ids import uuid7
@@ -160,7 +160,8 @@ def send(
     ``retry_delay`` (seconds between attempts), used instead of the queue's.
 
     The body and headers follow :mod:`pgmb.message_limits` (depth, count, size, no reserved
-    header names).
+    header names). With OpenTelemetry installed, the current trace context is added to the
+    headers (``traceparent``, ``tracestate``; :mod:`pgmb.tracing`) unless they set it.
 
     Raises :class:`~pgmb.errors.InvalidRoutingKey`, :class:`~pgmb.errors.InvalidBody`,
     :class:`~pgmb.errors.InvalidDelay`, :class:`~pgmb.errors.InvalidOption` before touching
@@ -179,7 +180,8 @@ def send(
         max_retries=max_retries,
         retry_delay=retry_delay,
     )
-    params = (mid, routing_key, _body(body), _headers(headers), at, seconds)
+    traced = tracing.with_headers(headers, tracing.publish_headers())
+    params = (mid, routing_key, _body(body), _headers(traced), at, seconds)
     try:
         with connections[using or conf.get().DATABASE].cursor() as cursor:
             cursor.execute(sql.query("publish.sql", "send"), params + _option_params(options))
@@ -244,6 +246,7 @@ def send_batch(
     the id of the message it duplicates, looked up in one more query per duplicate.
     """
     columns: tuple[list, ...] = ([], [], [], [], [], [], [], [], [], [], [], [])
+    context = tracing.publish_headers()  # the batch's, once
     for item in messages:
         out = _outgoing(item)
         validate_routing_key(out.routing_key)
@@ -262,7 +265,7 @@ def send_batch(
             mid,
             out.routing_key,
             _body(out.body),
-            _headers(out.headers),
+            _headers(tracing.with_headers(out.headers, context)),
             at,
             seconds,
             *_option_params(options),

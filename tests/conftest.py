@@ -157,3 +157,4 @@ def certificate(tmp_path_factory) -> Path:
 from tests.faults import claims_refused, faulty_world  # noqa: E402, F401
 from tests.httpserver import make_recording_server, recording_server  # noqa: E402, F401
 from tests.processes import manage_process  # noqa: E402, F401
+from tests.spans import spans  # noqa: E402, F401

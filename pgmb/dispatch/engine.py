@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import breakers, deliveries
+from .. import breakers, deliveries, tracing
 from ..conf import Settings
 from ..db.error_text import first_line
 from ..db.reconnecting import Database, Unavailable, listen
@@ -378,6 +378,7 @@ class Dispatcher:
         self._starts[row.delivery_id] = row
         self._outcome_ready.set()
         started = time.perf_counter()
+        span: tracing.AttemptSpan | None = None
         try:
             body = row.body.encode()
             headers = build_headers(
@@ -390,6 +391,11 @@ class Dispatcher:
                 secrets=row.secrets,
                 timestamp=int(time.time()),
             )
+            if tracing.traced(row.headers):
+                span = tracing.AttemptSpan(
+                    row.headers, queue=row.queue, message_id=row.message_id, attempt=row.attempt
+                )
+                span.inject(headers)
             outcome = await post(
                 self._session, row.endpoint, body, headers, row.timeout, self.options.body_limit
             )
@@ -400,6 +406,8 @@ class Dispatcher:
                 (time.perf_counter() - started) * 1000,
                 f"could not send the request: {type(exc).__name__}: {exc}",
             )
+        if span is not None:
+            span.end(outcome.status, outcome.duration_ms, outcome.error, outcome.ok)
         self._record(row, outcome)
 
     def _record(self, row: Claimed, outcome: Outcome) -> None:

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections, transaction
 
-from .. import conf, sql
+from .. import conf, sql, tracing
 from ..durations import check_time
 from ..errors import InvalidBody, PgmbError
 from ..ids import uuid7
@@ -146,6 +146,8 @@ class PgmbBackend(BaseTaskBackend):
                     "run_after": run_after,
                     "args": args_json,
                     "kwargs": kwargs_json,
+                    # The enqueuer's trace context (pgmb.tracing), or nothing.
+                    "headers": json.dumps(tracing.publish_headers()),
                 },
             )
             (enqueued_at,) = cursor.fetchone()

@@ -263,7 +263,7 @@ def test_enqueues_of_a_session_are_not_planned_again(task_queues):
                 "SELECT pg_stat_get_xact_function_calls('pgmb.key_tags(text)'::regprocedure),"
                 " pg_stat_get_xact_function_calls("
                 "'pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, integer,"
-                " timestamptz, jsonb, jsonb)'::regprocedure)"
+                " timestamptz, jsonb, jsonb, jsonb)'::regprocedure)"
             )
             key_tags_calls, enqueue_calls = cursor.fetchone()
         finally:

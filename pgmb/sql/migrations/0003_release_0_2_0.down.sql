@@ -161,7 +161,7 @@ ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
 -- ==== Tasks: a task enqueued by one function call ====
 
 DROP FUNCTION pgmb.enqueue_task(uuid, text, jsonb, integer, text, text, text, integer,
-                                timestamptz, jsonb, jsonb);
+                                timestamptz, jsonb, jsonb, jsonb);
 
 -- ==== In-database loop: named steps and the http extension's path ====
 

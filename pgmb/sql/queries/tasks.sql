@@ -7,7 +7,7 @@
 -- (pgmb.enqueue_task, pgmb/sql/schema/tasks.sql): its enqueued_at, or NULL.
 SELECT pgmb.enqueue_task(%(id)s, %(key)s, %(body)s::jsonb, %(message_priority)s, %(backend)s,
                          %(task_path)s, %(queue_name)s, %(priority)s, %(run_after)s::timestamptz,
-                         %(args)s::jsonb, %(kwargs)s::jsonb)
+                         %(args)s::jsonb, %(kwargs)s::jsonb, %(headers)s::jsonb)
 
 -- name: get_result
 -- A task whose message was dead-lettered without its worker recording the outcome (the

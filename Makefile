@@ -20,7 +20,7 @@ DEBS := postgresql-15 postgresql-15-cron postgresql-plpython3-15 nginx-light chr
 CORE_LAYERS := tests/admin tests/dispatch tests/install tests/pull tests/python tests/sql tests/tasks
 PG_MATRIX := 14 18
 
-.PHONY: help deps venv test demo bench lint schema clean
+.PHONY: help deps venv test demo bench lint schema extension clean
 
 help:
 	@echo "make demo   bring up a local PostgreSQL, migrate the example project, publish and serve the admin"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench  run the benchmarks in bench/ against a throwaway PostgreSQL"
 	@echo "            (PGMQ_SQL=path/to/pgmq.sql make bench: also against PGMQ; docs/benchmarks.md)"
 	@echo "make schema copy pgmb/sql/schema/ into the unreleased migration's frozen SQL files"
+	@echo "make extension  write the PostgreSQL extension (CREATE EXTENSION pgmb) into build/extension"
 	@echo "make lint   ruff and mypy"
 
 deps:
@@ -53,6 +54,11 @@ bench: deps venv
 
 schema: venv
 	$(VENV)/bin/python scripts/freeze_schema.py
+
+# Written from the release migrations (pgmb/extension.py); a throwaway server quotes their
+# statements' values. Then, as root: cp build/extension/* "$$(pg_config --sharedir)/extension/"
+extension: deps venv
+	@scripts/with-cluster.sh $(PY) -m pgmb extension build/extension
 
 lint: venv
 	$(VENV)/bin/ruff check .

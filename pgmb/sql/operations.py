@@ -46,6 +46,9 @@ class RunPlpythonSQL(migrations.RunPython):
     schema ``pgmb`` drops the functions with the schema.
     """
 
+    #: Written as SQL for the extension's scripts (pgmb/extension.py) and sqlmigrate.
+    reduces_to_sql = True
+
     def __init__(self, name: str, previous: str | None = None) -> None:
         self.sql_name = name
         self.previous = previous
@@ -54,6 +57,18 @@ class RunPlpythonSQL(migrations.RunPython):
     def _forward(self, apps: Any, schema_editor: Any) -> None:
         from .. import indb
 
+        if schema_editor.collect_sql:
+            # As SQL: the transport where plpython3u is installed already (an extension's
+            # script may not create another extension).
+            script = migration_script(self.sql_name)
+            schema_editor.collected_sql.append(
+                "DO $pgmb_plpython$\nBEGIN\n"
+                "    IF EXISTS (SELECT FROM pg_catalog.pg_language\n"
+                "               WHERE lanname = 'plpython3u') THEN\n"
+                f"        EXECUTE $pgmb_transport${script}$pgmb_transport$;\n"
+                "    END IF;\nEND $pgmb_plpython$;"
+            )
+            return
         with schema_editor.connection.cursor() as cursor:
             indb.install_plpython_transport(cursor, migration_script(self.sql_name))
 
@@ -83,6 +98,14 @@ class RunPlpythonSQL(migrations.RunPython):
 _LOCK_NOT_AVAILABLE = "55P03"
 
 
+def lock_statement(connection: Any, tables: Sequence[str]) -> str:
+    """LOCK TABLE of ``tables`` (schema-qualified where not in the search path)."""
+    names = ", ".join(
+        ".".join(connection.ops.quote_name(part) for part in name.split(".")) for name in tables
+    )
+    return f"LOCK TABLE {names} IN ACCESS EXCLUSIVE MODE"
+
+
 def lock_tables(
     connection: Any, tables: Sequence[str], wait_ms: int = 50, give_up_after: float = 120.0
 ) -> None:
@@ -91,10 +114,7 @@ def lock_tables(
     waiting ``wait_ms`` at most for each lock; if one cannot be had, let go of those taken
     (a savepoint rolls back) and try again after a short random pause, for
     ``give_up_after`` seconds (then raise OperationalError)."""
-    names = ", ".join(
-        ".".join(connection.ops.quote_name(part) for part in name.split(".")) for name in tables
-    )
-    statement = f"LOCK TABLE {names} IN ACCESS EXCLUSIVE MODE"
+    statement = lock_statement(connection, tables)
     deadline = time.monotonic() + give_up_after
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('lock_timeout')")
@@ -141,7 +161,16 @@ class LockTables(migrations.RunPython):
         self.give_up_after = give_up_after
         super().__init__(self._forward, migrations.RunPython.noop)
 
+    #: Written as one LOCK TABLE for the extension's scripts (pgmb/extension.py), which
+    #: cannot try again: ALTER EXTENSION pgmb UPDATE waits for the locks.
+    reduces_to_sql = True
+
     def _forward(self, apps: Any, schema_editor: Any) -> None:
+        if schema_editor.collect_sql:
+            schema_editor.collected_sql.append(
+                lock_statement(schema_editor.connection, self.tables) + ";"
+            )
+            return
         lock_tables(schema_editor.connection, self.tables, self.wait_ms, self.give_up_after)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:

@@ -163,9 +163,10 @@ def test_a_cap_on_requests_in_flight_is_set_and_cleared(admin_client, make_worke
     assert form_errors(response) == {}
     worker.refresh_from_db()
     assert worker.max_in_flight == 2
-    assert 'name="max_in_flight" value="2"' in admin_client.get(
-        url("worker_change", worker.pk)
-    ).content.decode()
+    assert (
+        'name="max_in_flight" value="2"'
+        in admin_client.get(url("worker_change", worker.pk)).content.decode()
+    )
     admin_client.post(url("worker_change", worker.pk), worker_data(max_in_flight=""))
     worker.refresh_from_db()
     assert worker.max_in_flight is None

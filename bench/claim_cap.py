@@ -1,5 +1,6 @@
-"""What a cap on requests in flight costs a claim: backend CPU per claim of one row, for an
-uncapped and a capped worker, this tree's pgmb.claim against a baseline's.
+"""What a cap on requests in flight costs a claim and an ack: backend CPU per claim of one
+row (and per claim and ack of it), for an uncapped and a capped worker, this tree's
+pgmb.claim and pgmb.ack against a baseline's.
 
     scripts/with-cluster.sh .venv/bin/python bench/claim_cap.py [--baseline main] [--rounds 4]
 
@@ -7,11 +8,12 @@ In a scratch database: two workers, one capped (so high that it never binds: wha
 measured is the count, not a refusal), each with a queue of ready deliveries, and
 ``--in-flight`` unexpired leases of each worker plus as many of a third (what running
 dispatchers hold; the count reads them all through pgmb_delivery_leased). The baseline's
-pgmb.claim (``git show BASELINE:pgmb/sql/schema/deliveries.sql``) is installed beside this
-tree's as pgmb.claim_baseline. Each sample is ``--calls`` claims of one row, each in a
-transaction rolled back (the tables stay as they are), on one connection whose backend's
-CPU is read from /proc (warmed first: the plans are cached). Baseline and tree alternate
-(ABBA), ``--rounds`` times.
+pgmb.claim and pgmb.ack (``git show BASELINE:pgmb/sql/schema/deliveries.sql``) are
+installed beside this tree's as pgmb.claim_baseline and pgmb.ack_baseline. Each sample is
+``--calls`` claims of one row (acked or not), each in a transaction rolled back (the
+tables stay as they are), on one connection whose backend's CPU is read from /proc
+(warmed first: the plans are cached). Baseline and tree alternate (ABBA), ``--rounds``
+times.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ UPDATE pgmb_queue SET lease_seconds = 3600;
 """
 
 
-def baseline_claim(rev: str) -> str:
-    """The baseline's pgmb.claim, renamed pgmb.claim_baseline."""
+def baseline_functions(rev: str) -> str:
+    """The baseline's pgmb.claim and pgmb.ack, renamed pgmb.claim_baseline and
+    pgmb.ack_baseline."""
     text = subprocess.run(
         ["git", "show", f"{rev}:pgmb/sql/schema/deliveries.sql"],
         cwd=ROOT,
@@ -46,9 +49,12 @@ def baseline_claim(rev: str) -> str:
         capture_output=True,
         text=True,
     ).stdout
-    start = text.index("CREATE OR REPLACE FUNCTION pgmb.claim(")
-    end = text.index("END $$;", start) + len("END $$;")
-    return text[start:end].replace("pgmb.claim(", "pgmb.claim_baseline(", 1)
+    functions = []
+    for name in ("claim", "ack"):
+        start = text.index(f"CREATE OR REPLACE FUNCTION pgmb.{name}(")
+        end = text.index("END $$;", start) + len("END $$;")
+        functions.append(text[start:end].replace(f"pgmb.{name}(", f"pgmb.{name}_baseline(", 1))
+    return ";\n".join(functions)
 
 
 def fill(conn, ready: int, in_flight: int) -> None:
@@ -64,15 +70,23 @@ def fill(conn, ready: int, in_flight: int) -> None:
     conn.execute("VACUUM ANALYZE pgmb_delivery")
 
 
-def sample(conn, function: str, queue: str, calls: int) -> float:
-    """Backend CPU microseconds per claim of one row."""
+#: What is measured: (worker, whether the claimed row is acked too).
+CASES = (("free", False), ("capped", False), ("free", True), ("capped", True))
+
+
+def sample(conn, suffix: str, case: tuple[str, bool], calls: int) -> float:
+    """Backend CPU microseconds per claim of one row (and its ack)."""
+    queue, acked = case
     pid = conn.info.backend_pid
-    statement = f"SELECT count(*) FROM pgmb.{function}(ARRAY['{queue}'], 1)"
+    claim = f"SELECT delivery_id FROM pgmb.claim{suffix}(ARRAY['{queue}'], 1)"
+    ack = f"SELECT pgmb.ack{suffix}(ARRAY[%s]::bigint[], ARRAY[200], ARRAY[1.0::float8])"
     before = harness.backend_cpu(pid)
     for _ in range(calls):
         with conn.transaction(force_rollback=True):
-            (got,) = conn.execute(statement).fetchone()
-            assert got == 1, got
+            [(delivery_id,)] = conn.execute(claim).fetchall()
+            if acked:
+                (got,) = conn.execute(ack, (delivery_id,)).fetchone()
+                assert got == 1, got
     return (harness.backend_cpu(pid) - before) / calls * 1e6
 
 
@@ -87,28 +101,27 @@ def main() -> None:
     with harness.scratch_database("pgmb_bench_claim_cap"):
         with harness.connect() as conn:
             fill(conn, args.ready, args.in_flight)
-            conn.execute(baseline_claim(args.baseline))
-            figures: dict[tuple[str, str], list[float]] = {}
-            for queue in ("free", "capped"):
-                for function in ("claim_baseline", "claim"):
-                    sample(conn, function, queue, 50)  # warm: plans cached
+            conn.execute(baseline_functions(args.baseline))
+            figures: dict[tuple[tuple[str, bool], str], list[float]] = {}
+            for case in CASES:
+                for suffix in ("_baseline", ""):
+                    sample(conn, suffix, case, 50)  # warm: plans cached
             for round_ in range(args.rounds):
-                for queue in ("free", "capped"):
-                    order = ("claim_baseline", "claim")
-                    if round_ % 2:
-                        order = order[::-1]
-                    for function in order:
-                        figures.setdefault((queue, function), []).append(
-                            sample(conn, function, queue, args.calls)
+                for case in CASES:
+                    order = ("_baseline", "") if round_ % 2 == 0 else ("", "_baseline")
+                    for suffix in order:
+                        figures.setdefault((case, suffix), []).append(
+                            sample(conn, suffix, case, args.calls)
                         )
         harness.print_machine(baseline=args.baseline)
-    print(f"backend CPU per claim of one row, µs ({args.rounds} rounds of {args.calls} calls,")
-    print(f"{args.in_flight} leases in flight per worker, 3 workers)")
-    print(f"  {'worker':<8} {'baseline':>18} {'this tree':>18} {'ratio (median)':>15}")
-    for queue in ("free", "capped"):
-        base, tree = figures[(queue, "claim_baseline")], figures[(queue, "claim")]
+    print(f"backend CPU per call, µs ({args.rounds} rounds of {args.calls} calls, each rolled")
+    print(f"back; {args.in_flight} leases in flight per worker, 3 workers)")
+    print(f"  {'what':<24} {'baseline':>17} {'this tree':>17} {'ratio (median)':>15}")
+    for case in CASES:
+        base, tree = figures[(case, "_baseline")], figures[(case, "")]
+        what = f"claim 1{' + ack' if case[1] else ''}, {case[0]}"
         print(
-            f"  {queue:<8} {min(base):>8.0f}-{max(base):<8.0f} {min(tree):>8.0f}-{max(tree):<8.0f}"
+            f"  {what:<24} {min(base):>8.0f}-{max(base):<8.0f} {min(tree):>8.0f}-{max(tree):<8.0f}"
             f" {statistics.median(tree) / statistics.median(base):>15.2f}"
         )
 

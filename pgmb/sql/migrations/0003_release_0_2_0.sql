@@ -1860,8 +1860,8 @@ END $$;
 -- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
 -- bucket runs no rule): the name, endpoint, rate, timeout, cap on requests in flight and
 -- secret rules for every writer (an unchanged endpoint or secret stays accepted: a row
--- stored before a rule can still be paused), then the circuit breaker's settings (pgmb.check_breaker) and the answers that
--- stop retries (pgmb.check_final_answers).
+-- stored before a rule can still be paused), then the circuit breaker's settings
+-- (pgmb.check_breaker) and the answers that stop retries (pgmb.check_final_answers).
 CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql
     AS $_$
@@ -1886,7 +1886,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF w.max_in_flight < 1 THEN
-        RAISE EXCEPTION 'invalid max_in_flight % for worker %: it must be at least 1 request in flight', w.max_in_flight, w.name
+        RAISE EXCEPTION 'invalid max_in_flight % for worker %: it must be at least 1 request in flight',
+                        w.max_in_flight, w.name
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'NULL (the default) sets no cap.';
     END IF;
@@ -1931,8 +1932,8 @@ BEGIN
 END $$;
 
 -- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
--- first (priority, due time, publish order), within each worker's rate limit, cap on
--- requests in flight and circuit breaker; counts the attempt. The scans that an estimate could pick over a queue's index
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
 -- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
 -- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
 -- pages), a plan would otherwise read the whole table. Rows are found through the primary

@@ -123,8 +123,8 @@ BEGIN
 END $$;
 
 -- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
--- first (priority, due time, publish order), within each worker's rate limit, cap on
--- requests in flight and circuit breaker; counts the attempt. The scans that an estimate could pick over a queue's index
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
 -- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
 -- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
 -- pages), a plan would otherwise read the whole table. Rows are found through the primary

@@ -101,7 +101,8 @@ def test_next_wakeup_waits_for_a_full_workers_first_lease(sql, make_worker, make
 
 
 def _calls(function: str) -> int:
-    """Calls of a PL/pgSQL function of schema pgmb in this transaction so far."""
+    """Calls of a PL/pgSQL function of schema pgmb counted so far (the backend's counts not
+    yet flushed to the statistics: they outlive a rolled-back transaction)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regprocedure), 0)", (function,)
@@ -116,21 +117,30 @@ SLOT_FREE_AT = "pgmb.slot_free_at(uuid, integer)"
 def test_only_a_capped_worker_counts_its_leases(sql, make_worker, make_queue):
     """An uncapped worker's claim and wake-up run no count (the claim's one added step is a
     test of the worker's column, read with its row); a capped worker's run one each."""
-    sql("SET LOCAL track_functions = 'pl'")
-    free = make_worker()
-    make_queue("free.#", worker=free)
-    pgmb.send_batch(("free.x", n) for n in range(3))
-    assert len(deliveries.claim(None, 2)) == 2
-    deliveries.next_wakeup(None)
-    assert (_calls(FREE_SLOTS), _calls(SLOT_FREE_AT)) == (0, 0)
-
+    make_queue("free.#", name="free", worker=make_worker())
     make_queue("capped.#", name="capped", worker=make_worker(max_in_flight=1))
+    pgmb.send_batch(("free.x", n) for n in range(3))
     pgmb.send_batch(("capped.x", n) for n in range(2))
-    assert len(deliveries.claim(["capped"], 10)) == 1
-    assert _calls(FREE_SLOTS) == 1
-    # One still due: the wake-up asks when the worker has a slot again.
-    assert deliveries.next_wakeup(["capped"]) > 0
-    assert (_calls(FREE_SLOTS), _calls(SLOT_FREE_AT)) == (2, 1)
+    sql("SET LOCAL track_functions = 'pl'")
+    try:
+        before = (_calls(FREE_SLOTS), _calls(SLOT_FREE_AT))
+
+        def counted() -> tuple[int, int]:
+            return (_calls(FREE_SLOTS) - before[0], _calls(SLOT_FREE_AT) - before[1])
+
+        assert len(deliveries.claim(["free"], 2)) == 2
+        assert deliveries.next_wakeup(["free"]) == 0
+        assert counted() == (0, 0)
+
+        assert len(deliveries.claim(["capped"], 10)) == 1
+        assert counted() == (1, 0)
+        # One still due: the wake-up asks when the worker has a slot again.
+        assert deliveries.next_wakeup(["capped"]) > 0
+        assert counted() == (2, 1)
+    finally:
+        # What was counted here is flushed once the test's transaction ends, not left for
+        # the next test on this connection to read.
+        sql("SELECT pg_stat_force_next_flush()")
 
 
 def _woken_by_ack(cap: int | None, make_worker, make_queue) -> bool:

@@ -214,7 +214,7 @@ WORKER_RULED_COLUMNS = (
     "breaker_cooldown", "breaker_cooldown_max", "breaker_state", "breaker_since",
     "breaker_until", "breaker_reason", "breaker_streak", "breaker_trips", "breaker_probe",
     "breaker_window_at", "breaker_requests", "breaker_failed", "breaker_prev_requests",
-    "breaker_prev_failed", "dead_statuses", "retried_statuses",
+    "breaker_prev_failed", "dead_statuses", "retried_statuses", "max_in_flight",
 )  # fmt: skip
 
 
@@ -350,6 +350,18 @@ class Worker(models.Model):
         validators=[validate_retried_statuses],
         help_text=_(
             "Statuses retried as usual although a class above names them, such as 408, 429."
+        ),
+    )
+    # A cap on requests in flight across every dispatcher and the in-database loop
+    # (pgmb.claim counts the worker's unexpired leases; pgmb.prepare_worker refuses < 1).
+    max_in_flight = models.IntegerField(
+        _("requests in flight at most"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=_(
+            "How many requests this worker may have in flight at once, across every "
+            "dispatcher. Empty: no cap."
         ),
     )
 

@@ -39,6 +39,7 @@ class WorkerForm(forms.ModelForm):
             "rps",
             "burst",
             "timeout",
+            "max_in_flight",
             "active",
             "secret",
             "breaker_failures",

@@ -119,7 +119,10 @@ class WorkerAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     #: (A lookup through the retiring secrets, retiring_secrets__secret, is refused too.)
     hidden_fields = ("secret", "endpoint")
     fieldsets = (
-        (None, {"fields": ("name", "endpoint", "rps", "burst", "timeout", "active")}),
+        (
+            None,
+            {"fields": ("name", "endpoint", "rps", "burst", "timeout", "max_in_flight", "active")},
+        ),
         (_("Request signing"), {"fields": ("secret", "clear_secret")}),
         (
             _("Circuit breaker"),

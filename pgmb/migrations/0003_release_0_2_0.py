@@ -1,4 +1,5 @@
 import django.contrib.postgres.fields
+import django.core.validators
 import django.db.models.deletion
 import pgtrigger.compiler
 import pgtrigger.migrations
@@ -82,6 +83,22 @@ class Migration(migrations.Migration):
                 size=None,
                 validators=[pgmb.models.validate_retried_statuses],
                 verbose_name="retried all the same",
+            ),
+        ),
+        # A cap on requests in flight (docs/decisions/0081-a-cap-on-requests-in-flight.md):
+        # NULL, no cap, by default (no row written); 0.1.1's INSERTs of workers leave it so.
+        migrations.AddField(
+            model_name="worker",
+            name="max_in_flight",
+            field=models.IntegerField(
+                blank=True,
+                help_text=(
+                    "How many requests this worker may have in flight at once, across every "
+                    "dispatcher. Empty: no cap."
+                ),
+                null=True,
+                validators=[django.core.validators.MinValueValidator(1)],
+                verbose_name="requests in flight at most",
             ),
         ),
         # Publishing: the routing trigger checks pgtrigger.ignore() without a subtransaction
@@ -171,8 +188,9 @@ class Migration(migrations.Migration):
                 name="worker_validate_update",
                 sql=pgtrigger.compiler.UpsertTriggerSql(
                     func="RETURN pgmb.prepare_worker(NEW);",
-                    hash="1b7d4d7bc0bf40638115739f5c1d2262be607072",
-                    # Answers that stop retries: dead_statuses and retried_statuses too.
+                    hash="45cb15563b6b6473a0854add2e472d1ff99058c6",
+                    # Answers that stop retries: dead_statuses and retried_statuses too. A
+                    # cap on requests in flight: max_in_flight.
                     operation=(
                         'UPDATE OF "id", "name", "endpoint", "rps", "timeout", "burst", '
                         '"secret", "active", "created_at", "breaker_failures", "breaker_rate", '
@@ -181,7 +199,7 @@ class Migration(migrations.Migration):
                         '"breaker_until", "breaker_reason", "breaker_streak", "breaker_trips", '
                         '"breaker_probe", "breaker_window_at", "breaker_requests", '
                         '"breaker_failed", "breaker_prev_requests", "breaker_prev_failed", '
-                        '"dead_statuses", "retried_statuses"'
+                        '"dead_statuses", "retried_statuses", "max_in_flight"'
                     ),
                     pgid="pgtrigger_worker_validate_update_3bb89",
                     table="pgmb_worker",

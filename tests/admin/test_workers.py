@@ -102,6 +102,9 @@ def test_add_form_creates_the_worker(admin_client, db):
         ({"rps": "-5"}, "rps", "greater than or equal to"),
         ({"burst": "0"}, "burst", "greater than or equal to 0.001"),
         ({"timeout": "0"}, "timeout", "greater than or equal to 0.001"),
+        ({"max_in_flight": "0"}, "max_in_flight", "greater than or equal to 1"),
+        ({"max_in_flight": "-1"}, "max_in_flight", "greater than or equal to 1"),
+        ({"max_in_flight": "1.5"}, "max_in_flight", "Enter a whole number."),
         ({"dead_statuses": "410, 6xx"}, "dead_statuses", "'6xx' is not an HTTP status"),
         ({"dead_statuses": "abc"}, "dead_statuses", "'abc' is not an HTTP status"),
         ({"dead_statuses": "99"}, "dead_statuses", "'99' is not an HTTP status"),
@@ -149,6 +152,35 @@ def test_a_bad_status_changes_nothing(admin_client, make_worker):
     assert "dead_statuses" in form_errors(response)
     worker.refresh_from_db()
     assert worker.dead_statuses == ["410"]
+
+
+def test_a_cap_on_requests_in_flight_is_set_and_cleared(admin_client, make_worker):
+    worker = make_worker("orders")
+    assert worker.max_in_flight is None
+
+    response = admin_client.post(url("worker_change", worker.pk), worker_data(max_in_flight="2"))
+
+    assert form_errors(response) == {}
+    worker.refresh_from_db()
+    assert worker.max_in_flight == 2
+    assert (
+        'name="max_in_flight" value="2"'
+        in admin_client.get(url("worker_change", worker.pk)).content.decode()
+    )
+    admin_client.post(url("worker_change", worker.pk), worker_data(max_in_flight=""))
+    worker.refresh_from_db()
+    assert worker.max_in_flight is None
+
+
+@pytest.mark.parametrize("cap", ["0", "-1"])
+def test_a_bad_cap_changes_nothing(admin_client, make_worker, cap):
+    worker = make_worker("orders", max_in_flight=3)
+
+    response = admin_client.post(url("worker_change", worker.pk), worker_data(max_in_flight=cap))
+
+    assert "greater than or equal to 1" in form_errors(response)["max_in_flight"][0]
+    worker.refresh_from_db()
+    assert worker.max_in_flight == 3
 
 
 def test_duplicate_name_is_a_form_error(admin_client, make_worker):

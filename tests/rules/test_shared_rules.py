@@ -708,3 +708,35 @@ def test_the_routing_key_check_is_inlined():
         assert cursor.fetchone() == (None, None)  # as when they were STRICT
     assert "valid_" not in " ".join(output), output
     assert "!~" in " ".join(output)
+
+
+# ---- a cap on requests in flight ----------------------------------------------------
+
+
+def _clean_max_in_flight(value: int | None) -> int | None:
+    return models.Worker._meta.get_field("max_in_flight").clean(value, models.Worker())
+
+
+@pytest.mark.parametrize(
+    ("cap", "accepted"),
+    [
+        (None, True),
+        (1, True),
+        (2, True),
+        (2**31 - 1, True),
+        (0, False),
+        (-1, False),
+        (-(2**31), False),
+    ],
+)
+def test_max_in_flight(cap, accepted):
+    py = python(_clean_max_in_flight, cap)
+    db = sql(
+        "INSERT INTO pgmb_worker (name, endpoint, rps, max_in_flight)"
+        " VALUES ('cap_rule', 'http://a/', 1, %s) RETURNING max_in_flight",
+        (cap,),
+    )
+    same_verdict(py, db, cap)
+    assert py[0] is accepted
+    if not accepted:
+        assert f"invalid max_in_flight {cap} for worker cap_rule" in str(db[1])

@@ -1795,3 +1795,351 @@ REVOKE EXECUTE ON FUNCTION
     pgmb.aborted_prefix(),
     pgmb.final_answer_note(integer, text, text[], text[])
 FROM PUBLIC;
+
+-- ==== A cap on requests in flight ====
+-- A worker's max_in_flight (the column is Django's, added before this file runs; NULL: no
+-- cap): checked by the worker's trigger and a CHECK, held by the claim, which counts a
+-- capped worker's unexpired leases (docs/decisions/0081-a-cap-on-requests-in-flight.md).
+-- No function 0.1.1's dispatchers call changes its arguments or results: their claims go
+-- through pgmb.claim, so they keep to the cap too.
+
+ALTER TABLE pgmb_worker
+    ADD CONSTRAINT pgmb_worker_max_in_flight_positive CHECK (max_in_flight >= 1);
+
+-- Capped workers (max_in_flight): an outcome writer looks here first and, with none, does
+-- nothing more for the cap (pgmb.wake_for_slots).
+CREATE INDEX IF NOT EXISTS pgmb_worker_capped ON pgmb_worker (id) WHERE max_in_flight IS NOT NULL;
+
+-- How many more requests a worker capped at `cap` (pgmb_worker.max_in_flight) may have in
+-- flight at t: the cap less its deliveries that are leased and whose lease has not run out
+-- (a crashed dispatcher's slots come back as its leases end), never below 0. Called by the
+-- claim only for a capped worker, its row locked: claims of one worker take turns, and each
+-- counts what the last one committed. The leases are read through pgmb_delivery_leased
+-- (every worker's leases in flight, a few hundred at most): an index by queue would cost
+-- every lease of every worker. PL/pgSQL: its plan is kept for the session.
+CREATE OR REPLACE FUNCTION pgmb.free_slots(worker_id uuid, cap integer, t timestamptz) RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN greatest(0, cap - (
+        SELECT count(*)::integer FROM (
+            SELECT FROM pgmb_delivery d
+            WHERE d.state = 'leased' AND d.available_at > t
+              AND d.queue_id IN (SELECT qu.id FROM pgmb_queue qu WHERE qu.worker_id = free_slots.worker_id)
+            LIMIT cap) AS in_flight));
+END $$;
+
+-- When a capped worker that is full gets a slot back at the latest: the first of its leases
+-- to run out (an outcome recorded earlier frees one sooner, and wakes waiting dispatchers,
+-- pgmb.wake_for_slots). NULL when a slot is free now. For pgmb.next_wakeup.
+CREATE OR REPLACE FUNCTION pgmb.slot_free_at(worker_id uuid, cap integer) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+BEGIN
+    IF pgmb.free_slots(worker_id, cap, t) > 0 THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT min(d.available_at) FROM pgmb_delivery d
+            WHERE d.state = 'leased' AND d.available_at > t
+              AND d.queue_id IN (SELECT qu.id FROM pgmb_queue qu WHERE qu.worker_id = slot_free_at.worker_id));
+END $$;
+
+-- Outcomes about to be recorded free their workers' slots: if one of these deliveries is a
+-- capped worker's, dispatchers that wait are woken (pgmb.wake_dispatchers; none waits: no
+-- NOTIFY). With no capped worker (pgmb_worker_capped is empty) nothing more is read.
+CREATE OR REPLACE FUNCTION pgmb.wake_for_slots(delivery_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM pgmb_worker wk WHERE wk.max_in_flight IS NOT NULL)
+       AND EXISTS (SELECT FROM pgmb_delivery d
+                   JOIN pgmb_queue qu ON qu.id = d.queue_id
+                   JOIN pgmb_worker wk ON wk.id = qu.worker_id
+                   WHERE d.id = ANY (delivery_ids) AND wk.max_in_flight IS NOT NULL) THEN
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+END $$;
+
+-- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
+-- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
+-- bucket runs no rule): the name, endpoint, rate, timeout, cap on requests in flight and
+-- secret rules for every writer (an unchanged endpoint or secret stays accepted: a row
+-- stored before a rule can still be paused), then the circuit breaker's settings
+-- (pgmb.check_breaker) and the answers that stop retries (pgmb.check_final_answers).
+CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    problem text;
+BEGIN
+    PERFORM pgmb.check_name('worker', w.name);
+    IF (w.endpoint IS NULL
+        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#\[\]\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*@)?(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^/?#@\[\]:\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+)(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])?)?(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
+        -- Named with its credentials masked: an error text reaches logs and screens.
+        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(pgmb.mask_credentials(w.endpoint)), w.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The endpoint must be an http:// or https:// URL without blanks, its host a name, an IPv4 address or an IPv6 address in brackets, its port (if any) from 1 to 65535.';
+    END IF;
+    IF w.rps IS NULL OR w.rps <= 0 THEN
+        RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.timeout IS NULL OR w.timeout <= 0 THEN
+        RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.max_in_flight < 1 THEN
+        RAISE EXCEPTION 'invalid max_in_flight % for worker %: it must be at least 1 request in flight',
+                        w.max_in_flight, w.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL (the default) sets no cap.';
+    END IF;
+    problem := pgmb.new_secret_problem(w.secret);
+    IF problem IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
+        RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use whsec_ and the base64 of at least 16 bytes (padded or not), or a text of at least 16 bytes without control characters.';
+    END IF;
+    w := pgmb.check_breaker(w);
+    w := pgmb.check_final_answers(w);
+    RETURN w;
+END $_$;
+
+-- Seconds until something may be claimable for these queues (NULL: nothing pending):
+-- the next due delivery (the first per priority, pgmb.next_due), the next token of a
+-- rate-limited worker, the next slot of a capped worker that is full (pgmb.slot_free_at),
+-- the next lease to expire, the end of a circuit breaker's cool-down.
+-- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
+CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
+                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
+    FROM (
+        SELECT CASE WHEN due IS NOT NULL
+                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until,
+                                  slot_at)
+               END AS at
+        FROM (
+            SELECT pgmb.next_due(qu.id) AS due,
+                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until,
+                   CASE WHEN wk.max_in_flight IS NOT NULL THEN pgmb.slot_free_at(wk.id, wk.max_in_flight) END AS slot_at
+            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+        ) AS per_queue
+        UNION ALL
+        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+    ) AS candidates);
+END $$;
+
+-- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
+-- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
+-- pages), a plan would otherwise read the whole table. Rows are found through the primary
+-- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
+-- order picked. With those scans and sorts off, each of these functions' statements has
+-- one plan whatever the statistics say or how many ids a call passes, so each keeps one
+-- generic plan a session (plan_cache_mode): planned at every call, a claim would spend half
+-- its CPU planning, a start or an ack of one delivery (the in-database loop's) a third;
+-- a claim of one row (a dispatcher woken by one message) is what the latency of a
+-- delivery waits for (tests/sql/test_steady_plans.py reads their plans).
+CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+    lease uuid := gen_random_uuid();
+    remaining integer := max_count;
+    w record;
+    q uuid;
+    tokens integer;
+    got integer;
+    breaker text;
+    bucket float8;
+    taken integer;
+    picked bigint[];
+    secrets text[];
+    cap integer;
+BEGIN
+    FOR w IN
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
+          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
+        GROUP BY wk.id
+        ORDER BY random()
+    LOOP
+        EXIT WHEN remaining <= 0;
+        -- The bucket is the worker row. If another claim holds it right now, that claim is
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t),
+               wk.max_in_flight
+        INTO bucket, breaker, secrets, cap
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        tokens := least(floor(bucket)::integer, remaining);
+        -- A cap on requests in flight: only a capped worker counts its leases (pgmb.free_slots).
+        IF cap IS NOT NULL THEN tokens := least(tokens, pgmb.free_slots(w.id, cap, t)); END IF;
+        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
+        taken := 0;
+        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
+        FOREACH q IN ARRAY w.queue_ids LOOP
+            EXIT WHEN tokens <= 0;
+            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
+            -- picked are then found by primary key, whatever the planner thinks of the table.
+            picked := ARRAY(
+                SELECT d.id FROM pgmb_delivery d
+                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                ORDER BY d.priority, d.available_at, d.id
+                LIMIT tokens
+                FOR NO KEY UPDATE SKIP LOCKED);
+            CONTINUE WHEN cardinality(picked) = 0;
+            RETURN QUERY
+            WITH leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
+                UPDATE pgmb_delivery d
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
+                FROM pgmb_queue qu
+                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds
+            )
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
+            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
+            JOIN leased l ON l.id = p.id
+            JOIN pgmb_message m ON m.id = l.message_id
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked.
+            ORDER BY p.n;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            tokens := tokens - got;
+            remaining := remaining - got;
+            taken := taken + got;
+        END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
+    END LOOP;
+END $$;
+
+-- Records successful attempts: the deliveries are deleted and their attempts written to the
+-- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    acked integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
+    ), done AS (
+        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
+        RETURNING d.id, d.message_id, d.queue_id, d.attempts
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
+        FROM done JOIN input u ON u.id = done.id
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO acked FROM history;
+    RETURN acked;
+END $$;
+
+-- Records failed attempts of leased deliveries (fenced by their lease ids): each is
+-- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
+-- once after an answer that stops retries (pgmb.final_answer_note: the worker's
+-- dead_statuses, or its abort header; the error then says so), or retried after the
+-- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
+-- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. The
+-- circuit breakers hear of the outcomes first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    settled integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
+            AS u(id, lease_id, status, error, retry_after, duration_ms)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
+               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
+               q.backoff_base, q.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
+        -- A pull queue has no worker; its reads' leases come here when they expire.
+        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
+            available_at = clock_timestamp()
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+-- Closed, as every function of pgmb's but the reviewed list (access.sql).
+REVOKE EXECUTE ON FUNCTION
+    pgmb.free_slots(uuid, integer, timestamptz),
+    pgmb.slot_free_at(uuid, integer),
+    pgmb.wake_for_slots(bigint[])
+FROM PUBLIC;

@@ -45,9 +45,59 @@ BEGIN
     RETURN earliest;
 END $$;
 
+-- How many more requests a worker capped at `cap` (pgmb_worker.max_in_flight) may have in
+-- flight at t: the cap less its deliveries that are leased and whose lease has not run out
+-- (a crashed dispatcher's slots come back as its leases end), never below 0. Called by the
+-- claim only for a capped worker, its row locked: claims of one worker take turns, and each
+-- counts what the last one committed. The leases are read through pgmb_delivery_leased
+-- (every worker's leases in flight, a few hundred at most): an index by queue would cost
+-- every lease of every worker. PL/pgSQL: its plan is kept for the session.
+CREATE OR REPLACE FUNCTION pgmb.free_slots(worker_id uuid, cap integer, t timestamptz) RETURNS integer
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN greatest(0, cap - (
+        SELECT count(*)::integer FROM (
+            SELECT FROM pgmb_delivery d
+            WHERE d.state = 'leased' AND d.available_at > t
+              AND d.queue_id IN (SELECT qu.id FROM pgmb_queue qu WHERE qu.worker_id = free_slots.worker_id)
+            LIMIT cap) AS in_flight));
+END $$;
+
+-- When a capped worker that is full gets a slot back at the latest: the first of its leases
+-- to run out (an outcome recorded earlier frees one sooner, and wakes waiting dispatchers,
+-- pgmb.wake_for_slots). NULL when a slot is free now. For pgmb.next_wakeup.
+CREATE OR REPLACE FUNCTION pgmb.slot_free_at(worker_id uuid, cap integer) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+BEGIN
+    IF pgmb.free_slots(worker_id, cap, t) > 0 THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT min(d.available_at) FROM pgmb_delivery d
+            WHERE d.state = 'leased' AND d.available_at > t
+              AND d.queue_id IN (SELECT qu.id FROM pgmb_queue qu WHERE qu.worker_id = slot_free_at.worker_id));
+END $$;
+
+-- Outcomes about to be recorded free their workers' slots: if one of these deliveries is a
+-- capped worker's, dispatchers that wait are woken (pgmb.wake_dispatchers; none waits: no
+-- NOTIFY). With no capped worker (pgmb_worker_capped is empty) nothing more is read.
+CREATE OR REPLACE FUNCTION pgmb.wake_for_slots(delivery_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM pgmb_worker wk WHERE wk.max_in_flight IS NOT NULL)
+       AND EXISTS (SELECT FROM pgmb_delivery d
+                   JOIN pgmb_queue qu ON qu.id = d.queue_id
+                   JOIN pgmb_worker wk ON wk.id = qu.worker_id
+                   WHERE d.id = ANY (delivery_ids) AND wk.max_in_flight IS NOT NULL) THEN
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+END $$;
+
 -- Seconds until something may be claimable for these queues (NULL: nothing pending):
 -- the next due delivery (the first per priority, pgmb.next_due), the next token of a
--- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
+-- rate-limited worker, the next slot of a capped worker that is full (pgmb.slot_free_at),
+-- the next lease to expire, the end of a circuit breaker's cool-down.
 -- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
 CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
 LANGUAGE plpgsql STABLE AS $$
@@ -56,11 +106,13 @@ BEGIN
                 THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
     FROM (
         SELECT CASE WHEN due IS NOT NULL
-                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
+                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until,
+                                  slot_at)
                END AS at
         FROM (
             SELECT pgmb.next_due(qu.id) AS due,
-                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
+                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until,
+                   CASE WHEN wk.max_in_flight IS NOT NULL THEN pgmb.slot_free_at(wk.id, wk.max_in_flight) END AS slot_at
             FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
             WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
         ) AS per_queue
@@ -101,6 +153,7 @@ DECLARE
     taken integer;
     picked bigint[];
     secrets text[];
+    cap integer;
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
@@ -125,12 +178,15 @@ BEGIN
                      wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
                wk.breaker_state,
                -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
-               pgmb.signing_secrets(wk.secret, wk.id, t)
-        INTO bucket, breaker, secrets
+               pgmb.signing_secrets(wk.secret, wk.id, t),
+               wk.max_in_flight
+        INTO bucket, breaker, secrets, cap
         FROM pgmb_worker wk WHERE wk.id = w.id
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         tokens := least(floor(bucket)::integer, remaining);
+        -- A cap on requests in flight: only a capped worker counts its leases (pgmb.free_slots).
+        IF cap IS NOT NULL THEN tokens := least(tokens, pgmb.free_slots(w.id, cap, t)); END IF;
         -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
         IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
         taken := 0;
@@ -207,6 +263,7 @@ DECLARE
     acked integer;
 BEGIN
     PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
     ), done AS (
@@ -237,6 +294,7 @@ DECLARE
     settled integer;
 BEGIN
     PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
             AS u(id, lease_id, status, error, retry_after, duration_ms)

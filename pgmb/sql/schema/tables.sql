@@ -14,6 +14,7 @@ ALTER TABLE pgmb_worker
     ADD CONSTRAINT pgmb_worker_rps_positive CHECK (rps > 0),
     ADD CONSTRAINT pgmb_worker_timeout_positive CHECK (timeout > 0),
     ADD CONSTRAINT pgmb_worker_burst_positive CHECK (burst > 0),
+    ADD CONSTRAINT pgmb_worker_max_in_flight_positive CHECK (max_in_flight >= 1),
     ADD CONSTRAINT pgmb_worker_breaker_state
         CHECK (breaker_state::text = ANY ('{closed,open,half_open}'::text[]));
 
@@ -116,6 +117,10 @@ CREATE INDEX IF NOT EXISTS pgmb_message_dedup ON pgmb_message (dedup_id, created
 -- Workers with a breaker: outcome writers look here first and, with none, do nothing else.
 CREATE INDEX IF NOT EXISTS pgmb_worker_breaker ON pgmb_worker (id)
     WHERE breaker_failures > 0 OR breaker_rate IS NOT NULL;
+
+-- Capped workers (max_in_flight): an outcome writer looks here first and, with none, does
+-- nothing more for the cap (pgmb.wake_for_slots).
+CREATE INDEX IF NOT EXISTS pgmb_worker_capped ON pgmb_worker (id) WHERE max_in_flight IS NOT NULL;
 
 -- An acknowledgement has a 2xx status, a failure has not: without the joint statistics
 -- the planner multiplies the two conditions of "5xx failures" as if they were unrelated,
@@ -223,10 +228,10 @@ $$;
 
 -- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
 -- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
--- bucket runs no rule): the name, endpoint, rate, timeout and secret rules for every writer
--- (an unchanged endpoint or secret stays accepted: a row stored before a rule can still be
--- paused), then the circuit breaker's settings (pgmb.check_breaker) and the answers that
--- stop retries (pgmb.check_final_answers).
+-- bucket runs no rule): the name, endpoint, rate, timeout, cap on requests in flight and
+-- secret rules for every writer (an unchanged endpoint or secret stays accepted: a row
+-- stored before a rule can still be paused), then the circuit breaker's settings
+-- (pgmb.check_breaker) and the answers that stop retries (pgmb.check_final_answers).
 CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql
     AS $_$
@@ -249,6 +254,12 @@ BEGIN
     IF w.timeout IS NULL OR w.timeout <= 0 THEN
         RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w.max_in_flight < 1 THEN
+        RAISE EXCEPTION 'invalid max_in_flight % for worker %: it must be at least 1 request in flight',
+                        w.max_in_flight, w.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL (the default) sets no cap.';
     END IF;
     problem := pgmb.new_secret_problem(w.secret);
     IF problem IS NOT NULL

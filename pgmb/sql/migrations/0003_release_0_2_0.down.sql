@@ -875,3 +875,208 @@ DROP FUNCTION IF EXISTS pgmb.final_answer_note(integer, text, text[], text[]),
     pgmb.check_final_answers(public.pgmb_worker), pgmb.statuses_normalised(text[]),
     pgmb.statuses_problem(text[], boolean), pgmb.aborted_prefix(), pgmb.abort_value(),
     pgmb.abort_header();
+
+-- ==== Fair shares per key ====
+
+-- Seconds until something may be claimable for these queues (NULL: nothing pending):
+-- the next due delivery (the first per priority, pgmb.next_due), the next token of a
+-- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
+-- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
+CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
+                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
+    FROM (
+        SELECT CASE WHEN due IS NOT NULL
+                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
+               END AS at
+        FROM (
+            SELECT pgmb.next_due(qu.id) AS due,
+                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
+            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+        ) AS per_queue
+        UNION ALL
+        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+    ) AS candidates);
+END $$;
+
+-- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures are planned at every call (plan_cache_mode), with the scans that an
+-- estimate could pick over a queue's index turned off: a plan cached for an empty queue, or
+-- made from stale statistics, would otherwise read the whole table. Rows are found through
+-- the primary key (id = ANY (...)), and the claim picks into an array first and returns its
+-- rows in the order picked.
+CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+    lease uuid := gen_random_uuid();
+    remaining integer := max_count;
+    w record;
+    q uuid;
+    tokens integer;
+    got integer;
+    breaker text;
+    bucket float8;
+    taken integer;
+    picked bigint[];
+    secrets text[];
+BEGIN
+    FOR w IN
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
+          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
+        GROUP BY wk.id
+        ORDER BY random()
+    LOOP
+        EXIT WHEN remaining <= 0;
+        -- The bucket is the worker row. If another claim holds it right now, that claim is
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t)
+        INTO bucket, breaker, secrets
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        tokens := least(floor(bucket)::integer, remaining);
+        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
+        taken := 0;
+        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
+        FOREACH q IN ARRAY w.queue_ids LOOP
+            EXIT WHEN tokens <= 0;
+            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
+            -- picked are then found by primary key, whatever the planner thinks of the table.
+            picked := ARRAY(
+                SELECT d.id FROM pgmb_delivery d
+                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                ORDER BY d.priority, d.available_at, d.id
+                LIMIT tokens
+                FOR NO KEY UPDATE SKIP LOCKED);
+            CONTINUE WHEN cardinality(picked) = 0;
+            RETURN QUERY
+            WITH leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
+                UPDATE pgmb_delivery d
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
+                FROM pgmb_queue qu
+                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds
+            )
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
+            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
+            JOIN leased l ON l.id = p.id
+            JOIN pgmb_message m ON m.id = l.message_id
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked.
+            ORDER BY p.n;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            tokens := tokens - got;
+            remaining := remaining - got;
+            taken := taken + got;
+        END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
+    END LOOP;
+END $$;
+
+-- Dead letters back to their queue: attempts start again, due now, with the message's
+-- priority, group and dependencies. A requeued delivery gets a new id: in its group it goes
+-- behind the members already there (docs/ordering.md).
+CREATE OR REPLACE FUNCTION pgmb.requeue(dead_letter_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    WITH moved AS (
+        DELETE FROM pgmb_dead_letter x WHERE x.id = ANY (dead_letter_ids)
+        RETURNING x.message_id, x.queue_id
+    )
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT moved.message_id, moved.queue_id, 'ready', 0, now(), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+    FROM moved JOIN pgmb_message m ON m.id = moved.message_id
+    ORDER BY moved.message_id
+    ON CONFLICT (message_id, queue_id) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+    RETURN n;
+END $$;
+
+-- For each of `message_ids`, a new delivery on each queue that acked it (an attempt with
+-- outcome 'ack'), only queues named in `queue_names` when given, with the message's
+-- priority, group and dependencies. A queue where the message is live (a delivery) or dead
+-- (a dead letter) right now is skipped: the unique (message, queue) constraints allow one of
+-- each, and requeueing is for dead letters. Ids of purged messages, of unknown messages and
+-- of deleted queues give nothing, nor does a message claimed by an archive run: the shared
+-- lock waits for a claim batch in progress to commit; each statement of this function then
+-- reads the database anew (READ COMMITTED), so a message is either claimed (and skipped
+-- here) or has its new delivery before a claim looks at it (and is not claimed). Returns how
+-- many deliveries were created.
+CREATE OR REPLACE FUNCTION pgmb.replay(message_ids uuid[], queue_names text[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT acked.message_id, acked.queue_id, 'ready', 0, now(), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+    FROM (
+        SELECT DISTINCT a.message_id, a.queue_id
+        FROM pgmb_attempt a
+        WHERE a.message_id = ANY (message_ids) AND a.outcome = 'ack'
+    ) AS acked
+    JOIN pgmb_message m ON m.id = acked.message_id
+    JOIN pgmb_queue q ON q.id = acked.queue_id
+    WHERE (queue_names IS NULL OR q.name = ANY (queue_names))
+      AND NOT EXISTS (SELECT FROM pgmb_dead_letter x
+                      WHERE x.message_id = acked.message_id AND x.queue_id = acked.queue_id)
+      AND NOT EXISTS (SELECT FROM pgmb_archive_item i WHERE i.message_id = acked.message_id)
+    ORDER BY acked.message_id, acked.queue_id
+    ON CONFLICT (message_id, queue_id) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+    RETURN n;
+END $$;
+
+DROP TRIGGER pgmb_delivery_fair_key ON pgmb_delivery;
+DROP TRIGGER pgmb_queue_fair_keys ON pgmb_queue;
+DROP FUNCTION pgmb.note_fair_key(), pgmb.forget_fair_keys(), pgmb.fair_queue_id(text),
+    pgmb.fairness(text, text), pgmb.fair_key(text, text, integer, integer, double precision),
+    pgmb.fair_pick(uuid, integer, timestamptz), pgmb.fair_next_due(uuid),
+    pgmb.delivery_fair_key(text, jsonb);
+DROP TABLE pgmb.fair_key;
+DROP INDEX pgmb_delivery_fair, pgmb_delivery_fair_leased;
+ALTER TABLE pgmb_delivery DROP COLUMN fair_key;
+ALTER TABLE pgmb_queue DROP COLUMN fairness_header;

@@ -12,7 +12,7 @@ from tests.httpserver import Record, Reply
 from tests.waiting import wait_until
 
 
-def _publish(queue: str, tenant: str, n: int) -> None:
+def _publish(tenant: str, n: int) -> None:
     for start in range(0, n, 1000):
         pgmb.send_batch(
             pgmb.Outgoing("job", {"tenant": tenant, "n": i}, headers={"tenant": tenant})
@@ -31,8 +31,8 @@ def test_a_late_tenant_is_delivered_within_the_first_few_hundred(
         "#", worker=make_worker(endpoint=recording_server.url(), rps=100_000), max_retries=0
     )
     sql("SELECT pgmb.fairness(%s, 'tenant')", (queue.name,))
-    _publish(queue.name, "a", 10_000)
-    _publish(queue.name, "b", 10)
+    _publish("a", 10_000)
+    _publish("b", 10)
     stats = dispatch(queues=[queue.name], concurrency=32, batch=100)
     order = _tenants(recording_server.requests)
     assert Counter(order) == {"a": 10_000, "b": 10}, stats
@@ -52,8 +52,8 @@ def test_a_cap_of_one_keeps_one_request_of_the_key_in_flight_across_dispatchers(
     )
     sql("SELECT pgmb.fairness(%s, 'tenant')", (queue.name,))
     sql("SELECT pgmb.fair_key(%s, 'one', max_in_flight => 1)", (queue.name,))
-    _publish(queue.name, "one", 15)
-    _publish(queue.name, "free", 60)
+    _publish("one", 15)
+    _publish("free", 60)
     for _ in range(3):
         spawn("--queue", queue.name, "--concurrency", "16", "--poll-interval", "0.05")
     wait_until(
@@ -80,8 +80,8 @@ def test_a_key_of_weight_two_gets_about_twice_the_share(
     )
     sql("SELECT pgmb.fairness(%s, 'tenant')", (queue.name,))
     sql("SELECT pgmb.fair_key(%s, 'heavy', 2)", (queue.name,))
-    _publish(queue.name, "light", 600)
-    _publish(queue.name, "heavy", 600)
+    _publish("light", 600)
+    _publish("heavy", 600)
     dispatch(queues=[queue.name], concurrency=8, batch=10)
     order = _tenants(recording_server.requests)
     assert Counter(order) == {"light": 600, "heavy": 600}

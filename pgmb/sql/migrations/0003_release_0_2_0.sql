@@ -1888,7 +1888,8 @@ END $$;
 
 -- Names the header whose value is a queue's fairness key (NULL: off, claims oldest first
 -- again). The queue's live deliveries take their key from it at once (with none, the
--- ones stored before would never be picked). Returns the queue's id.
+-- ones stored before would never be picked), and every key's turn starts afresh. Returns
+-- the queue's id.
 CREATE OR REPLACE FUNCTION pgmb.fairness(queue_name text, header text) RETURNS uuid
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1904,13 +1905,16 @@ BEGIN
     UPDATE pgmb_queue q SET fairness_header = header
     WHERE q.id = qid AND q.fairness_header IS DISTINCT FROM header;
     IF FOUND THEN
+        -- Turns start afresh; the keys' own settings stay, those with none go.
+        DELETE FROM pgmb.fair_key k
+        WHERE k.queue_id = qid AND k.weight = 1 AND k.max_in_flight IS NULL AND k.rps IS NULL;
+        UPDATE pgmb.fair_key k SET served_at = NULL, credit = NULL, tokens = NULL, tokens_at = NULL
+        WHERE k.queue_id = qid;
+        -- Each live delivery's key (its row is made by pgmb.note_fair_key).
         UPDATE pgmb_delivery d
         SET fair_key = pgmb.delivery_fair_key(header, m.headers)
         FROM pgmb_message m
         WHERE d.queue_id = qid AND m.id = d.message_id;
-        IF header IS NULL THEN
-            DELETE FROM pgmb.fair_key k WHERE k.queue_id = qid;
-        END IF;
         PERFORM pgmb.wake_dispatchers();
     END IF;
     RETURN qid;
@@ -1919,7 +1923,8 @@ END $$;
 -- Sets a key's settings on a fair queue: its weight (deliveries per turn, 1 to 1000), its
 -- cap on requests in flight (NULL: none; 1 delivers the key's messages one at a time, as
 -- an ordered group does, though not strictly in order across retries) and its rate limit
--- in requests a second (NULL: none). The key need not have been seen yet.
+-- in requests a second (NULL: none). The key need not have been seen yet, nor the
+-- queue name its header yet: the settings apply while it does.
 CREATE OR REPLACE FUNCTION pgmb.fair_key(queue_name text, key text, weight integer DEFAULT 1,
                                          max_in_flight integer DEFAULT NULL, rps float8 DEFAULT NULL)
 RETURNS void
@@ -1927,11 +1932,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     qid uuid := pgmb.fair_queue_id(queue_name);
 BEGIN
-    IF (SELECT q.fairness_header FROM pgmb_queue q WHERE q.id = qid) IS NULL THEN
-        RAISE EXCEPTION 'queue % has no fairness header', quote_literal(queue_name)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Name one first: SELECT pgmb.fairness(queue, header);';
-    END IF;
     IF key IS NULL THEN
         RAISE EXCEPTION 'invalid fairness key: NULL (a message without the header has the key '''')'
             USING ERRCODE = 'invalid_parameter_value';

@@ -1077,6 +1077,6 @@ DROP FUNCTION pgmb.note_fair_key(), pgmb.forget_fair_keys(), pgmb.fair_queue_id(
     pgmb.fair_pick(uuid, integer, timestamptz), pgmb.fair_next_due(uuid),
     pgmb.delivery_fair_key(text, jsonb);
 DROP TABLE pgmb.fair_key;
-DROP INDEX pgmb_delivery_fair, pgmb_delivery_fair_leased;
+DROP INDEX pgmb_delivery_fair;
 ALTER TABLE pgmb_delivery DROP COLUMN fair_key;
 ALTER TABLE pgmb_queue DROP COLUMN fairness_header;

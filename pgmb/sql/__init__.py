@@ -41,6 +41,7 @@ SCHEMA: tuple[str, ...] = (
     "publish",
     "tasks",
     "deliveries",
+    "fairness",
     "breakers",
     "pull",
     "metrics",

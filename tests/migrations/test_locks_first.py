@@ -24,6 +24,10 @@ LOCKING = re.compile(
 )
 
 
+#: A table the migration's SQL makes: no running dispatcher or producer holds it yet.
+CREATING = re.compile(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([\w.\"]+)", re.IGNORECASE)
+
+
 def _without_comments(text: str) -> str:
     return re.sub(r"--[^\n]*", "", text)
 
@@ -36,7 +40,8 @@ def _tables_changed(migration) -> set[str]:
     for operation in migration.operations:
         if isinstance(operation, RunMigrationSQL):
             text = _without_comments(migration_script(operation.sql_name))
-            tables |= {name.replace('"', "") for name in LOCKING.findall(text)}
+            made = {name.replace('"', "") for name in CREATING.findall(text)}
+            tables |= {name.replace('"', "") for name in LOCKING.findall(text)} - made
         elif getattr(operation, "model_name", None):
             model = state.apps.get_model("pgmb", operation.model_name)
             tables.add(model._meta.db_table)

@@ -914,6 +914,12 @@ BEGIN
     RETURN w;
 END $_$;
 
+-- ==== Fair shares per key ====
+
+-- Seconds until something may be claimable for these queues (NULL: nothing pending):
+-- the next due delivery (the first per priority, pgmb.next_due), the next token of a
+-- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
+-- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
 CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -935,6 +941,14 @@ BEGIN
     ) AS candidates);
 END $$;
 
+-- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures are planned at every call (plan_cache_mode), with the scans that an
+-- estimate could pick over a queue's index turned off: a plan cached for an empty queue, or
+-- made from stale statistics, would otherwise read the whole table. Rows are found through
+-- the primary key (id = ANY (...)), and the claim picks into an array first and returns its
+-- rows in the order picked.
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
     SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -1110,3 +1124,80 @@ DROP FUNCTION IF EXISTS pgmb.free_slots(uuid, integer, timestamptz), pgmb.slot_f
     pgmb.wake_for_slots(bigint[]);
 DROP INDEX IF EXISTS pgmb_worker_capped;
 ALTER TABLE pgmb_worker DROP CONSTRAINT IF EXISTS pgmb_worker_max_in_flight_positive;
+-- Dead letters back to their queue: attempts start again, due now, with the message's
+-- priority, group and dependencies. A requeued delivery gets a new id: in its group it goes
+-- behind the members already there (docs/ordering.md).
+CREATE OR REPLACE FUNCTION pgmb.requeue(dead_letter_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    WITH moved AS (
+        DELETE FROM pgmb_dead_letter x WHERE x.id = ANY (dead_letter_ids)
+        RETURNING x.message_id, x.queue_id
+    )
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT moved.message_id, moved.queue_id, 'ready', 0, now(), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+    FROM moved JOIN pgmb_message m ON m.id = moved.message_id
+    ORDER BY moved.message_id
+    ON CONFLICT (message_id, queue_id) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+    RETURN n;
+END $$;
+
+-- For each of `message_ids`, a new delivery on each queue that acked it (an attempt with
+-- outcome 'ack'), only queues named in `queue_names` when given, with the message's
+-- priority, group and dependencies. A queue where the message is live (a delivery) or dead
+-- (a dead letter) right now is skipped: the unique (message, queue) constraints allow one of
+-- each, and requeueing is for dead letters. Ids of purged messages, of unknown messages and
+-- of deleted queues give nothing, nor does a message claimed by an archive run: the shared
+-- lock waits for a claim batch in progress to commit; each statement of this function then
+-- reads the database anew (READ COMMITTED), so a message is either claimed (and skipped
+-- here) or has its new delivery before a claim looks at it (and is not claimed). Returns how
+-- many deliveries were created.
+CREATE OR REPLACE FUNCTION pgmb.replay(message_ids uuid[], queue_names text[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT acked.message_id, acked.queue_id, 'ready', 0, now(), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+    FROM (
+        SELECT DISTINCT a.message_id, a.queue_id
+        FROM pgmb_attempt a
+        WHERE a.message_id = ANY (message_ids) AND a.outcome = 'ack'
+    ) AS acked
+    JOIN pgmb_message m ON m.id = acked.message_id
+    JOIN pgmb_queue q ON q.id = acked.queue_id
+    WHERE (queue_names IS NULL OR q.name = ANY (queue_names))
+      AND NOT EXISTS (SELECT FROM pgmb_dead_letter x
+                      WHERE x.message_id = acked.message_id AND x.queue_id = acked.queue_id)
+      AND NOT EXISTS (SELECT FROM pgmb_archive_item i WHERE i.message_id = acked.message_id)
+    ORDER BY acked.message_id, acked.queue_id
+    ON CONFLICT (message_id, queue_id) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+    RETURN n;
+END $$;
+
+DROP TRIGGER pgmb_delivery_fair_key ON pgmb_delivery;
+DROP TRIGGER pgmb_queue_fair_keys ON pgmb_queue;
+DROP FUNCTION pgmb.note_fair_key(), pgmb.forget_fair_keys(), pgmb.fair_queue_id(text),
+    pgmb.fairness(text, text), pgmb.fair_key(text, text, integer, integer, double precision),
+    pgmb.fair_pick(uuid, integer, timestamptz), pgmb.fair_next_due(uuid),
+    pgmb.delivery_fair_key(text, jsonb);
+DROP TABLE pgmb.fair_key;
+DROP INDEX pgmb_delivery_fair;
+ALTER TABLE pgmb_delivery DROP COLUMN fair_key;
+ALTER TABLE pgmb_queue DROP COLUMN fairness_header;

@@ -110,7 +110,8 @@ BEGIN
                                   slot_at)
                END AS at
         FROM (
-            SELECT pgmb.next_due(qu.id) AS due,
+            -- A fair queue's keys at their cap are not due (fairness.sql).
+            SELECT CASE WHEN qu.fairness_header IS NULL THEN pgmb.next_due(qu.id) ELSE pgmb.fair_next_due(qu.id) END AS due,
                    wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until,
                    CASE WHEN wk.max_in_flight IS NOT NULL THEN pgmb.slot_free_at(wk.id, wk.max_in_flight) END AS slot_at
             FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
@@ -156,7 +157,8 @@ DECLARE
     cap integer;
 BEGIN
     FOR w IN
-        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids,
+               array_agg(qu.id) FILTER (WHERE qu.fairness_header IS NOT NULL) AS fair_ids
         FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
         WHERE NOT qu.paused AND wk.active
           AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
@@ -193,14 +195,21 @@ BEGIN
         -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
         FOREACH q IN ARRAY w.queue_ids LOOP
             EXIT WHEN tokens <= 0;
-            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
-            -- picked are then found by primary key, whatever the planner thinks of the table.
-            picked := ARRAY(
-                SELECT d.id FROM pgmb_delivery d
-                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                ORDER BY d.priority, d.available_at, d.id
-                LIMIT tokens
-                FOR NO KEY UPDATE SKIP LOCKED);
+            -- A queue with a fairness header takes its keys in turn (fairness.sql); the
+            -- others, the pick below as it stands.
+            IF q = ANY (w.fair_ids) THEN
+                picked := pgmb.fair_pick(q, tokens, t);
+            ELSE
+                -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the
+                -- rows picked are then found by primary key, whatever the planner thinks of
+                -- the table.
+                picked := ARRAY(
+                    SELECT d.id FROM pgmb_delivery d
+                    WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                    ORDER BY d.priority, d.available_at, d.id
+                    LIMIT tokens
+                    FOR NO KEY UPDATE SKIP LOCKED);
+            END IF;
             CONTINUE WHEN cardinality(picked) = 0;
             RETURN QUERY
             WITH leased AS (
@@ -426,8 +435,8 @@ BEGIN
 END $$;
 
 -- Dead letters back to their queue: attempts start again, due now, with the message's
--- priority, group and dependencies. A requeued delivery gets a new id: in its group it goes
--- behind the members already there (docs/ordering.md).
+-- priority, group, dependencies and fairness key. A requeued delivery gets a new id: in its
+-- group it goes behind the members already there (docs/ordering.md).
 CREATE OR REPLACE FUNCTION pgmb.requeue(dead_letter_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -438,10 +447,12 @@ BEGIN
         RETURNING x.message_id, x.queue_id
     )
     INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
-                               priority, group_key, depends_on, dependents)
+                               priority, group_key, depends_on, dependents, fair_key)
     SELECT moved.message_id, moved.queue_id, 'ready', 0, now(), now(),
-           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id),
+           pgmb.delivery_fair_key(q.fairness_header, m.headers)
     FROM moved JOIN pgmb_message m ON m.id = moved.message_id
+    JOIN pgmb_queue q ON q.id = moved.queue_id
     ORDER BY moved.message_id
     ON CONFLICT (message_id, queue_id) DO NOTHING;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -501,9 +512,10 @@ DECLARE
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
     INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
-                               priority, group_key, depends_on, dependents)
+                               priority, group_key, depends_on, dependents, fair_key)
     SELECT acked.message_id, acked.queue_id, 'ready', 0, now(), now(),
-           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id),
+           pgmb.delivery_fair_key(q.fairness_header, m.headers)
     FROM (
         SELECT DISTINCT a.message_id, a.queue_id
         FROM pgmb_attempt a

@@ -777,7 +777,8 @@ class Message(models.Model):
                     "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
                     " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
                     " OR NEW.retry_delay IS NOT NULL OR "
-                    + _times_outside("created_at", "available_at")
+                    # A NULL expires_at (no expiry) leaves the test NULL: not fired for it.
+                    + _times_outside("created_at", "available_at", "expires_at")
                 ),
             ),
             _trigger(
@@ -799,8 +800,10 @@ class Message(models.Model):
             _trigger(
                 "check_message_times",
                 when=pgtrigger.Before,
-                operation=pgtrigger.UpdateOf("created_at", "available_at"),
-                condition=pgtrigger.Condition(_times_outside("created_at", "available_at")),
+                operation=pgtrigger.UpdateOf("created_at", "available_at", "expires_at"),
+                condition=pgtrigger.Condition(
+                    _times_outside("created_at", "available_at", "expires_at")
+                ),
             ),
         ]
 

@@ -168,6 +168,46 @@ class Migration(migrations.Migration):
                 ),
             ),
         ),
+        # Expiry: a message's expires_at is held to the time rule (pgmb.refuse_expiry) on
+        # INSERT and UPDATE; a NULL one leaves both WHENs as they were.
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="message",
+            name="admit_message",
+        ),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="message",
+            name="check_message_times",
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="admit_message",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL OR NEW.retry_delay IS NOT NULL OR NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.expires_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.expires_at < '10000-01-01 00:00:00+00'::timestamptz))",
+                    func="-- Only messages with an option other than priority, or with a time pgmb.valid_time\n-- rejects, get here (the trigger's WHEN).\nRETURN pgmb.admit_message(NEW);",
+                    hash="36f0475c187c5665397f1890544ff4dd0ae5caa1",
+                    operation="INSERT",
+                    pgid="pgtrigger_admit_message_8d54e",
+                    table="pgmb_message",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="check_message_times",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.expires_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.expires_at < '10000-01-01 00:00:00+00'::timestamptz))",
+                    func="-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).\nPERFORM pgmb.refuse_expiry(NEW);\nPERFORM pgmb.refuse_times('pgmb_message', NEW.id::text, NEW.created_at, NEW.available_at);\nRETURN NEW;",
+                    hash="1bfbedcefa4670cbdf9b895054747549c1210566",
+                    operation='UPDATE OF "created_at", "available_at", "expires_at"',
+                    pgid="pgtrigger_check_message_times_9f153",
+                    table="pgmb_message",
+                    when="BEFORE",
+                ),
+            ),
+        ),
         # Archive by day (docs/decisions/0079-the-archive-takes-whole-days.md): the days a
         # run detached, before the SQL, which grants it and whose function records in it.
         migrations.CreateModel(

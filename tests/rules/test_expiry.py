@@ -141,3 +141,19 @@ def test_sql_refuses_times_pgmb_does_not_store(text):
     _refused_22023(info.value)
     assert "invalid expires_at" in str(info.value)
     assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize("text", ["infinity", "10000-01-01 00:00:00+00", "0001-01-01 00:00:00+01"])
+def test_a_plain_insert_or_update_is_held_to_the_time_rule(sql, raises_sql, text):
+    """Issue 26's lesson: no writer stores an expiry no Python client could read."""
+    with raises_sql("23514", "pgmb_message_times_valid"):
+        sql(
+            "INSERT INTO pgmb_message (routing_key, body, expires_at) VALUES ('k', '1', %s)",
+            (text,),
+        )
+    assert not Message.objects.exists()
+    sql("INSERT INTO pgmb_message (routing_key, body, expires_at) VALUES ('k', '1', now())")
+    with raises_sql("23514", "expires_at"):
+        sql("UPDATE pgmb_message SET expires_at = %s", (text,))
+    [(stored,)] = sql("SELECT expires_at IS NOT NULL AND expires_at <= now() FROM pgmb_message")
+    assert stored

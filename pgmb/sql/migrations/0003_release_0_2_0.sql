@@ -1835,6 +1835,83 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
     END
 $$;
 
+-- The refusal of a message whose expires_at pgmb.valid_time rejects (an infinite one would
+-- never expire, as NULL, but no Python client could read the row), raised as a CHECK
+-- violation of pgmb_message_times_valid as pgmb.refuse_times does; nothing otherwise.
+-- Called by pgmb.admit_message and, for an UPDATE, by the check_message_times trigger.
+CREATE OR REPLACE FUNCTION pgmb.refuse_expiry(m pgmb_message) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF m.expires_at IS NOT NULL AND NOT pgmb.valid_time(m.expires_at) THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_times_valid: expires_at % is not a time pgmb stores (finite, from the year 1 to the year 9999, UTC)',
+                        m.id, m.expires_at
+            USING ERRCODE = 'check_violation', TABLE = 'pgmb_message',
+                  CONSTRAINT = 'pgmb_message_times_valid';
+    END IF;
+END $$;
+
+-- Before each message with options, or with times pgmb.valid_time rejects, is stored (the
+-- admit_message trigger's WHEN): refuses such times (pgmb.refuse_times), enforces the options rule (as the check pgmb_message_options_valid,
+-- with that name), refuses unknown dependencies (to a caller that may read messages; to
+-- any other, a dependency on a message it did not publish counts as settled and is left
+-- out, so that it cannot probe for ids: docs/decisions/0055-dependencies-on-own-messages.md),
+-- and returns NULL (the row is not stored)
+-- for a message that duplicates one for every queue its routing key matches
+-- (pgmb.duplicated; the candidate queues found by their tags). A message that
+-- duplicates for some of its queues only is stored, and the routing trigger leaves those
+-- queues out. Rows published earlier in the same statement are visible here.
+CREATE OR REPLACE FUNCTION pgmb.admit_message(m pgmb_message) RETURNS pgmb_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing uuid;
+    created timestamptz := coalesce(m.created_at, now());
+    problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
+                                                 m.dedup_id, m.max_retries, m.retry_delay);
+BEGIN
+    -- Its times (the trigger's WHEN lets in a message without options for them).
+    IF NOT (pgmb.valid_time(m.created_at) AND pgmb.valid_time(m.available_at)) THEN
+        PERFORM pgmb.refuse_times('pgmb_message', m.id::text, m.created_at, m.available_at);
+    END IF;
+    PERFORM pgmb.refuse_expiry(m);
+    -- The options rule, reported as a check violation of pgmb_message_options_valid.
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_options_valid';
+    END IF;
+    IF m.depends_on IS NOT NULL AND NOT pgmb.caller_sees_messages() THEN
+        -- Whether another role's message exists, or is pending, is not this caller's to
+        -- learn: its message waits only for its own (a role's messages carry its name).
+        m.depends_on := nullif(ARRAY(SELECT dep FROM unnest(m.depends_on) AS dep
+                                     WHERE EXISTS (SELECT FROM pgmb_message x
+                                                   WHERE x.id = dep AND x.producer = m.producer)), '{}');
+    END IF;
+    IF m.depends_on IS NOT NULL THEN
+        SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
+        WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
+        -- Only to a caller that may read messages: to any other, a dependency that does not
+        -- exist is one that was settled and archived, so that it cannot probe for ids
+        -- (docs/decisions/0039-refusals-tell-nothing.md).
+        IF FOUND AND pgmb.caller_sees_messages() THEN
+            RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
+                USING ERRCODE = 'foreign_key_violation',
+                      HINT = 'Publish the messages it depends on first (earlier in the same batch is fine).';
+        END IF;
+    END IF;
+    IF m.dedup_id IS NOT NULL THEN
+        -- Concurrent publishers of one dedup id take turns; the second sees the first.
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgmb dedup ' || m.dedup_id, 0));
+        IF EXISTS (SELECT FROM pgmb_queue q
+                   WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern)
+           AND NOT EXISTS (SELECT FROM pgmb_queue q
+                           WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
+                             AND NOT EXISTS (SELECT FROM pgmb.duplicated(q.dedup_window, q.pattern, m.id,
+                                                                         m.dedup_id, created, m.producer))) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN m;
+END $$;
+
 -- pgmb.send with an expiry (docs/delivery.md, Expiry): ttl, seconds from now, or expires_at,
 -- a time (one of the two, or neither: NULL), then the options of the pgmb.send above. A
 -- delivery not posted (or read) by then expires, as by its queue's message_ttl (the earlier
@@ -2089,7 +2166,8 @@ BEGIN
     RETURN n;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION pgmb.expiry_problem(float8, timestamptz), pgmb.expire(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgmb.expiry_problem(float8, timestamptz), pgmb.refuse_expiry(pgmb_message),
+    pgmb.expire(integer) FROM PUBLIC;
 
 -- Reads up to qty visible messages of a pull queue and hides them for vt seconds (PGMQ's
 -- read); `filter` keeps those whose body contains it. The update and the dead-lettering find

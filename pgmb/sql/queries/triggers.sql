@@ -116,6 +116,7 @@ RETURN NEW;
 
 -- name: check_message_times
 -- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).
+PERFORM pgmb.refuse_expiry(NEW);
 PERFORM pgmb.refuse_times('pgmb_message', NEW.id::text, NEW.created_at, NEW.available_at);
 RETURN NEW;
 

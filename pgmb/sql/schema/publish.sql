@@ -206,6 +206,21 @@ BEGIN
         USING ERRCODE = 'check_violation', TABLE = table_name, CONSTRAINT = table_name || '_times_valid';
 END $$;
 
+-- The refusal of a message whose expires_at pgmb.valid_time rejects (an infinite one would
+-- never expire, as NULL, but no Python client could read the row), raised as a CHECK
+-- violation of pgmb_message_times_valid as pgmb.refuse_times does; nothing otherwise.
+-- Called by pgmb.admit_message and, for an UPDATE, by the check_message_times trigger.
+CREATE OR REPLACE FUNCTION pgmb.refuse_expiry(m pgmb_message) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF m.expires_at IS NOT NULL AND NOT pgmb.valid_time(m.expires_at) THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_times_valid: expires_at % is not a time pgmb stores (finite, from the year 1 to the year 9999, UTC)',
+                        m.id, m.expires_at
+            USING ERRCODE = 'check_violation', TABLE = 'pgmb_message',
+                  CONSTRAINT = 'pgmb_message_times_valid';
+    END IF;
+END $$;
+
 -- The messages that a message with this dedup id, created then by this producer, duplicates
 -- for a queue of this dedup window and pattern: those of the same producing role with the
 -- same dedup id, created within the window, whose routing key the queue's binding matches.
@@ -276,6 +291,7 @@ BEGIN
     IF NOT (pgmb.valid_time(m.created_at) AND pgmb.valid_time(m.available_at)) THEN
         PERFORM pgmb.refuse_times('pgmb_message', m.id::text, m.created_at, m.available_at);
     END IF;
+    PERFORM pgmb.refuse_expiry(m);
     -- The options rule, reported as a check violation of pgmb_message_options_valid.
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem

@@ -68,6 +68,10 @@ class Point:
     failed: int
     #: Of the failed attempts, those that moved their delivery to the dead letters.
     dead_lettered: int
+    #: Deliveries whose time to live ran out before they were posted (history outcome
+    #: 'ttl', not an attempt: "expired (TTL)"); None in the hourly ranges, whose statistics
+    #: do not count them.
+    expired_ttl: int | None
     #: Live range: request durations of the attempts; hourly ranges: from publishing to
     #: the ack (None: nothing to measure).
     latency_p50_ms: float | None
@@ -101,7 +105,7 @@ def fitted(points: list[Point]) -> tuple[Range, list[Point]]:
     a sliver at the right edge of an hour), else the hour."""
     recent = _recent(points)
     earlier = points[: len(points) - len(recent)]
-    if any(p.delivered or p.failed or p.unrouted or p.depth for p in earlier):
+    if any(p.delivered or p.failed or p.expired_ttl or p.unrouted or p.depth for p in earlier):
         return LIVE, points
     return RECENT, recent
 
@@ -133,6 +137,7 @@ def series_call(
                 row.delivered,
                 row.failed,
                 row.dead_lettered,
+                None,
                 row.latency_p50_ms,
                 row.latency_p95_ms,
                 None,
@@ -147,6 +152,7 @@ def series_call(
                     seen.delivered + row.delivered,
                     seen.failed + row.failed,
                     seen.dead_lettered + row.dead_lettered,
+                    None,
                     busier.latency_p50_ms,
                     busier.latency_p95_ms,
                     None,
@@ -156,7 +162,7 @@ def series_call(
         out = []
         at = since
         while at < until:
-            out.append(found.get(at) or Point(at, 0, 0, 0, None, None, None, None))
+            out.append(found.get(at) or Point(at, 0, 0, 0, None, None, None, None, None))
             at += HOUR
         return out
 

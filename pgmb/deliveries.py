@@ -188,6 +188,10 @@ def reclaim_expired_call(limit: int = 1000) -> Call[int]:
     return Call(_statement("reclaim_expired"), {"limit": limit}, count)
 
 
+def expire_call(limit: int = 1000) -> Call[int]:
+    return Call(_statement("expire"), {"limit": limit}, count)
+
+
 def requeue_call(dead_letter_ids: int | Iterable[int]) -> Call[int]:
     return Call(_statement("requeue"), {"ids": _ids(dead_letter_ids)}, count)
 
@@ -282,6 +286,18 @@ def reclaim_expired(limit: int = 1000, *, using: str | None = None) -> int:
     back, due at once (outcome ``unsent``), except from a delivery's third such expiry on.
     """
     return run(reclaim_expired_call(limit), using)
+
+
+def expire(limit: int = 1000, *, using: str | None = None) -> int:
+    """Settle deliveries whose time to live ran out before they were posted or read (a
+    message's ``ttl`` or ``expires_at``, its queue's ``message_ttl``); returns how many.
+
+    Each is dead-lettered, its last error saying it expired, or dropped if its queue's
+    ``on_expiry`` is ``drop``; either way the history gets a row with outcome ``ttl``. A
+    leased delivery is left to its outcome. Both dispatchers call this as they reclaim
+    expired leases; claims and reads never hand out an expired delivery meanwhile.
+    """
+    return run(expire_call(limit), using)
 
 
 def requeue(dead_letter_ids: int | Iterable[int], *, using: str | None = None) -> int:

@@ -30,9 +30,11 @@ ENVELOPE_KEYS = (
     "dedup_id",
     "max_retries",
     "retry_delay",
+    "ttl",
+    "expires_at",
 )
 #: The message options (pgmb.send's keywords) a --file applies to every line.
-FILE_OPTIONS = ("priority", "group", "max_retries", "retry_delay")
+FILE_OPTIONS = ("priority", "group", "max_retries", "retry_delay", "ttl", "expires_at")
 #: The options only a single message (or an envelope) may have.
 SINGLE_OPTIONS = ("depends_on", "dedup_id")
 
@@ -93,6 +95,27 @@ def parse_retry_delay(value: Any, where: str = "retry delay") -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise ValueError(f"{where} must be a number of seconds or a text, not {json_type(value)}")
     return float(seconds)
+
+
+def parse_expires_at(value: Any, where: str = "expires_at") -> datetime:
+    """A time (a text :func:`parse_delay` reads as a point in time, not a duration)."""
+    try:
+        moment = parse_delay(value) if isinstance(value, str) else None
+    except ValueError:
+        moment = None
+    if not isinstance(moment, datetime):
+        raise ValueError(f"{where} must be a time (like 2030-01-01T12:00:00Z), not {value!r}")
+    return moment
+
+
+def _parse_expiry(chosen: dict[str, Any], flags: bool) -> None:
+    """``ttl`` and ``expires_at`` of ``chosen`` parsed in place (the rule itself is
+    pgmb.options.check_expiry's, when the message is sent)."""
+    if chosen.get("ttl") is not None:
+        chosen["ttl"] = parse_retry_delay(chosen["ttl"], "--ttl" if flags else "ttl")
+    if chosen.get("expires_at") is not None:
+        where = "--expires-at" if flags else "expires_at"
+        chosen["expires_at"] = parse_expires_at(chosen["expires_at"], where)
 
 
 def parse_depends_on(value: Any, where: str = "depends_on") -> list[uuid.UUID]:
@@ -192,6 +215,10 @@ def envelope(
             chosen[name] = value[name]
     if "retry_delay" in value and value["retry_delay"] is not None:
         chosen["retry_delay"] = parse_retry_delay(value["retry_delay"])
+    # A line's own expiry replaces the file's, whichever of the two each gives.
+    if value.get("ttl") is not None or value.get("expires_at") is not None:
+        chosen["ttl"], chosen["expires_at"] = value.get("ttl"), value.get("expires_at")
+    _parse_expiry(chosen, flags=False)
     if value.get("depends_on") is not None:
         chosen["depends_on"] = parse_depends_on(value["depends_on"])
     return Outgoing(
@@ -216,4 +243,5 @@ def command_options(options: dict[str, Any]) -> dict[str, Any]:
         chosen["retry_delay"] = parse_retry_delay(chosen["retry_delay"], "--retry-delay")
     if "depends_on" in chosen:
         chosen["depends_on"] = parse_depends_on(chosen["depends_on"], "--depends-on")
+    _parse_expiry(chosen, flags=True)
     return chosen

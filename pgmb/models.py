@@ -607,6 +607,25 @@ class Queue(models.Model):
             "dead-lettered messages are still recorded."
         ),
     )
+    #: Seconds after its publication that a message's delivery on this queue expires if it
+    #: has not been posted (read, for a pull queue) by then; None: never. A message's own
+    #: expiry applies too, the earlier of the two (docs/delivery.md, Expiry).
+    message_ttl = models.FloatField(
+        _("message TTL (s)"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001), *_QUEUE_SECONDS],
+        help_text=_("Messages not delivered this many seconds after publication expire."),
+    )
+    #: What becomes of an expired delivery: a dead letter (its last error says so), or
+    #: nothing (dropped; its history row stays).
+    on_expiry = models.CharField(
+        _("on expiry"),
+        max_length=16,
+        choices=[("dead_letter", _("dead-letter")), ("drop", _("drop"))],
+        default="dead_letter",
+        db_default="dead_letter",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -729,6 +748,8 @@ class Message(models.Model):
     #: Used by failures instead of the queue's max_retries and backoff when set.
     max_retries = models.IntegerField(null=True, blank=True)
     retry_delay = models.FloatField(_("retry delay (s)"), null=True, blank=True)
+    #: Not delivered after this time (its TTL, or a time its producer gave); None: never.
+    expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
 
     class Meta:
         db_table = "pgmb_message"
@@ -768,7 +789,8 @@ class Message(models.Model):
                     "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
                     " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
                     " OR NEW.retry_delay IS NOT NULL OR "
-                    + _times_outside("created_at", "available_at")
+                    # A NULL expires_at (no expiry) leaves the test NULL: not fired for it.
+                    + _times_outside("created_at", "available_at", "expires_at")
                 ),
             ),
             _trigger(
@@ -790,8 +812,10 @@ class Message(models.Model):
             _trigger(
                 "check_message_times",
                 when=pgtrigger.Before,
-                operation=pgtrigger.UpdateOf("created_at", "available_at"),
-                condition=pgtrigger.Condition(_times_outside("created_at", "available_at")),
+                operation=pgtrigger.UpdateOf("created_at", "available_at", "expires_at"),
+                condition=pgtrigger.Condition(
+                    _times_outside("created_at", "available_at", "expires_at")
+                ),
             ),
         ]
 
@@ -855,6 +879,9 @@ class Delivery(models.Model):
     depends_on = ArrayField(models.UUIDField(), null=True, blank=True, editable=False)
     #: Some waiting delivery depends on this one's message: its removal releases them.
     dependents = models.BooleanField(default=False, db_default=False, editable=False)
+    #: Not posted (nor read) after this: the earlier of its message's expiry and its queue's
+    #: message_ttl after publication, set by the routing trigger; None: never (pgmb.expire).
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "pgmb_delivery"
@@ -964,6 +991,9 @@ class Attempt(models.Model):
         EXPIRED = "expired", _("lease expired")
         #: A lease that expired before its request started: no request, no attempt spent.
         UNSENT = "unsent", _("lease expired unsent")
+        #: A delivery whose time to live ran out before it was posted (pgmb.expire): no
+        #: request was made. Not "expired", which is a lease's.
+        TTL = "ttl", _("expired (TTL)")
         #: A pull queue's message settled by pgmb.archive: consumed, not acknowledged.
         ARCHIVED = "archived", _("archived")
 

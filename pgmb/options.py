@@ -12,6 +12,11 @@ SQL (tests/rules checks both sides against one table of cases):
 * ``max_retries``: 0 to 1,000,000;
 * ``retry_delay``: seconds, the delay rule (finite, not negative) and at most 30 days,
   the longest backoff of a queue.
+
+:func:`check_expiry` holds the rule of a message's expiry, the same as
+``pgmb.expiry_problem()`` in SQL (tests/rules): a ``ttl`` (seconds from publication,
+positive, finite, ending before the year 10000) or an ``expires_at`` (an aware datetime
+within the years 1 to 9999 in UTC; a past one expires the message at once), not both.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from .errors import InvalidOption
 from .routing import KEY_FORBIDDEN
@@ -133,3 +138,43 @@ def check_options(
         if message_id in ids:
             raise InvalidOption(f"invalid depends_on: message {message_id} cannot depend on itself")
     return Options(priority, group, ids, dedup_id, max_retries, delay)
+
+
+def check_expiry(
+    ttl: float | timedelta | None = None, expires_at: datetime | None = None
+) -> tuple[float | None, datetime | None]:
+    """Return (ttl in seconds, expires_at) checked, at most one of them set, or raise
+    :class:`InvalidOption` (docs/delivery.md, Expiry)."""
+    if ttl is None and expires_at is None:
+        return None, None
+    if ttl is not None and expires_at is not None:
+        raise InvalidOption("give a message a ttl or an expires_at, not both")
+    if ttl is not None:
+        if isinstance(ttl, timedelta):
+            ttl = ttl.total_seconds()
+        if (
+            isinstance(ttl, bool)
+            or not isinstance(ttl, (int, float))
+            or not math.isfinite(ttl)
+            or ttl <= 0
+        ):
+            raise InvalidOption(
+                f"invalid ttl {ttl!r}: it must be a positive, finite number of seconds"
+            )
+        try:
+            datetime.now(timezone.utc) + timedelta(seconds=ttl)
+        except OverflowError:
+            raise InvalidOption(f"invalid ttl {ttl!r}: too long (past the year 9999)") from None
+        return float(ttl), None
+    if not isinstance(expires_at, datetime) or expires_at.utcoffset() is None:
+        raise InvalidOption(
+            f"invalid expires_at {expires_at!r}: it must be a timezone-aware datetime"
+        )
+    try:
+        expires_at.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidOption(
+            f"invalid expires_at {expires_at.isoformat()}: "
+            "a time must be from the year 1 to the year 9999 (UTC)"
+        ) from None
+    return None, expires_at

@@ -22,7 +22,7 @@ from .durations import check_seconds, check_time
 from .errors import DuplicateMessage, InvalidBody, InvalidDelay, UnknownDependency
 from .ids import uuid7
 from .message_limits import body_problem, headers_problem
-from .options import Options, check_options
+from .options import Options, check_expiry, check_options
 from .routing import validate_routing_key
 
 #: Seconds, a ``timedelta``, or an aware ``datetime`` (not delivered before then).
@@ -45,6 +45,9 @@ class Outgoing:
     dedup_id: str | None = None
     max_retries: int | None = None
     retry_delay: float | timedelta | None = None
+    #: Its expiry (docs/delivery.md, Expiry): seconds from publication, or a time.
+    ttl: float | timedelta | None = None
+    expires_at: datetime | None = None
 
 
 _FIELDS = frozenset(Outgoing.__dataclass_fields__)
@@ -143,6 +146,8 @@ def send(
     dedup_id: str | None = None,
     max_retries: int | None = None,
     retry_delay: float | timedelta | None = None,
+    ttl: float | timedelta | None = None,
+    expires_at: datetime | None = None,
     using: str | None = None,
 ) -> uuid.UUID:
     """Publish one message and return its id. One query, in the caller's transaction.
@@ -158,6 +163,12 @@ def send(
     dedup window (when that is every queue, nothing is stored and the existing message's
     id is returned, a second query); ``max_retries`` and
     ``retry_delay`` (seconds between attempts), used instead of the queue's.
+
+    Its expiry (docs/delivery.md, Expiry): ``ttl``, seconds (or a ``timedelta``) from
+    publication, or ``expires_at``, an aware ``datetime``, not both. A delivery not posted
+    (or read) by then is never posted: it is dead-lettered, its last error saying it
+    expired, or dropped if its queue's ``on_expiry`` is ``drop``. A queue's
+    ``message_ttl`` applies too; the earlier expiry holds.
 
     The body and headers follow :mod:`pgmb.message_limits` (depth, count, size, no reserved
     header names). With OpenTelemetry installed, the current trace context is added to the
@@ -180,11 +191,15 @@ def send(
         max_retries=max_retries,
         retry_delay=retry_delay,
     )
+    ttl_seconds, expiry = check_expiry(ttl, expires_at)
     traced = tracing.with_headers(headers, tracing.publish_headers())
     params = (mid, routing_key, _body(body), _headers(traced), at, seconds)
     try:
         with connections[using or conf.get().DATABASE].cursor() as cursor:
-            cursor.execute(sql.query("publish.sql", "send"), params + _option_params(options))
+            cursor.execute(
+                sql.query("publish.sql", "send"),
+                (*params, *_option_params(options), expiry, ttl_seconds),
+            )
             if cursor.fetchone() is None:
                 cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id, routing_key))
                 return uuid.UUID(str(cursor.fetchone()[0]))
@@ -245,7 +260,7 @@ def send_batch(
     A message may depend on one earlier in the same batch. A duplicate (``dedup_id``) gets
     the id of the message it duplicates, looked up in one more query per duplicate.
     """
-    columns: tuple[list, ...] = ([], [], [], [], [], [], [], [], [], [], [], [])
+    columns: tuple[list, ...] = tuple([] for _ in range(14))
     context = tracing.publish_headers()  # the batch's, once
     for item in messages:
         out = _outgoing(item)
@@ -261,6 +276,7 @@ def send_batch(
             max_retries=out.max_retries,
             retry_delay=out.retry_delay,
         )
+        ttl_seconds, expiry = check_expiry(out.ttl, out.expires_at)
         row = (
             mid,
             out.routing_key,
@@ -269,6 +285,8 @@ def send_batch(
             at,
             seconds,
             *_option_params(options),
+            ttl_seconds,
+            expiry,
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)

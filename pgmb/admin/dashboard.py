@@ -206,26 +206,26 @@ def _outcomes_chart(
         field: sum(getattr(p, field) for p in points)
         for field in ("delivered", "failed", "dead_lettered")
     }
-    return Chart(
-        title,
-        charts.line_chart(
-            title,
-            x,
-            ticks,
-            [
-                charts.Series(gettext("delivered"), [p.delivered for p in points], charts.GREEN),
-                charts.Series(gettext("failed"), [p.failed for p in points], charts.RED),
-                charts.Series(
-                    gettext("dead-lettered"), [p.dead_lettered for p in points], charts.PURPLE, True
-                ),
-            ],
+    series = [
+        charts.Series(gettext("delivered"), [p.delivered for p in points], charts.GREEN),
+        charts.Series(gettext("failed"), [p.failed for p in points], charts.RED),
+        charts.Series(
+            gettext("dead-lettered"), [p.dead_lettered for p in points], charts.PURPLE, True
         ),
-        gettext(
-            "%(range)s: %(delivered)d delivered, %(failed)d failed (%(dead_lettered)d of "
-            "them dead-lettered)."
-        )
-        % {"range": range_label, **totals},
-    )
+    ]
+    summary = gettext(
+        "%(range)s: %(delivered)d delivered, %(failed)d failed (%(dead_lettered)d of "
+        "them dead-lettered)."
+    ) % {"range": range_label, **totals}
+    # Expirations by time to live are counted live only (not by the hourly statistics);
+    # not attempts, so not among the failed ('expired' alone is a lease's).
+    if points and all(p.expired_ttl is not None for p in points):
+        ttl = [p.expired_ttl or 0 for p in points]
+        series.append(charts.Series(gettext("expired (TTL)"), ttl, charts.ORANGE, True))
+        summary += " " + gettext("%(n)d expired (TTL) before they were delivered.") % {
+            "n": sum(ttl)
+        }
+    return Chart(title, charts.line_chart(title, x, ticks, series), summary)
 
 
 def _hourly_charts(

@@ -243,6 +243,8 @@ class Dispatcher:
             if now >= next_reclaim:
                 if reclaimed := await self._claim_side(deliveries.reclaim_expired_call(), 0):
                     log.info("reclaimed expired leases count=%d", reclaimed)
+                if expired := await self._claim_side(deliveries.expire_call(), 0):
+                    log.info("expired deliveries (TTL) count=%d", expired)
                 next_reclaim = now + opts.reclaim_interval
             if self._stale:
                 stale, self._stale = self._stale, []

@@ -33,7 +33,8 @@ class Migration(migrations.Migration):
             "pgmb_attempt",
             # Archive by day: pgmb_archive_day's foreign key to it.
             "pgmb_archive_run",
-            # Fair shares per key: the key column, its indexes and trigger.
+            # Fair shares per key: the key column, its indexes and trigger. Expiry: a
+            # column of deliveries (queues and messages are above).
             "pgmb_delivery",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
@@ -104,10 +105,67 @@ class Migration(migrations.Migration):
                 verbose_name="requests in flight at most",
             ),
         ),
+        # Expiry (docs/decisions/0083-expiry.md): nullable columns without a default and one
+        # with a constant default, so no row is written, and 0.1.1's statements, which do
+        # not name them, keep working (their messages and queues expire never). Before the
+        # routing trigger below, which reads them.
+        migrations.AddField(
+            model_name="delivery",
+            name="expires_at",
+            field=models.DateTimeField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="message",
+            name="expires_at",
+            field=models.DateTimeField(blank=True, null=True, verbose_name="expires"),
+        ),
+        migrations.AddField(
+            model_name="queue",
+            name="message_ttl",
+            field=models.FloatField(
+                blank=True,
+                help_text="Messages not delivered this many seconds after publication expire.",
+                null=True,
+                validators=[
+                    django.core.validators.MinValueValidator(0.001),
+                    pgmb.models.validate_finite,
+                    django.core.validators.MaxValueValidator(2592000),
+                ],
+                verbose_name="message TTL (s)",
+            ),
+        ),
+        migrations.AddField(
+            model_name="queue",
+            name="on_expiry",
+            field=models.CharField(
+                choices=[("dead_letter", "dead-letter"), ("drop", "drop")],
+                db_default="dead_letter",
+                default="dead_letter",
+                max_length=16,
+                verbose_name="on expiry",
+            ),
+        ),
+        migrations.AlterField(
+            model_name="attempt",
+            name="outcome",
+            field=models.CharField(
+                choices=[
+                    ("ack", "acknowledged"),
+                    ("retry", "will retry"),
+                    ("dead", "dead-lettered"),
+                    ("expired", "lease expired"),
+                    ("unsent", "lease expired unsent"),
+                    ("ttl", "expired (TTL)"),
+                    ("archived", "archived"),
+                ],
+                max_length=8,
+            ),
+        ),
         # Publishing: the routing trigger checks pgtrigger.ignore() without a subtransaction
         # (pgmb/trigger_guard.py, docs/decisions/0073-publishing-write-path.md). Dropped and
         # created again in this transaction, pgmb_message locked first: no publish runs
         # between the two, and 0.1.1's publishers find the same trigger doing the same.
+        # Expiry: it copies the message's or the queue's expiry to each delivery.
         pgtrigger.migrations.RemoveTrigger(
             model_name="message",
             name="route_messages",
@@ -117,14 +175,54 @@ class Migration(migrations.Migration):
             trigger=pgtrigger.compiler.Trigger(
                 name="route_messages",
                 sql=pgmb.trigger_guard.GuardedUpsertTriggerSql(
-                    func="-- The statement's routing keys, bodies and headers pass their rules first (routing.sql,\n-- pgmb.message_problem): here, not as a CHECK, whose\n-- expression PostgreSQL would prepare again for every INSERT; this statement is planned once\n-- per session.\nPERFORM pgmb.refuse_message(m.id, m.routing_key, m.body, m.headers) FROM new_messages AS m\nWHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.body, m.headers)) LIMIT 1;\n-- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for\n-- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications\n-- in a transaction are merged).\n-- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.\n-- A queue with a fairness header gets the header's value as the key (fairness.sql).\nINSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,\n                           priority, group_key, depends_on, fair_key)\nSELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,\n       m.depends_on, pgmb.delivery_fair_key(r.fairness_header, m.headers)\n-- Each message's place in the statement: deliveries are inserted in publish order, which\n-- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return\n-- them in any order.\nFROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,\n             n.depends_on, n.dedup_id, n.headers, row_number() OVER () AS place\n      FROM new_messages AS n) AS m\n-- The queues of each distinct key, decided once per key: a batch's messages mostly\n-- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which\n-- would compute the key's tags and test the queues once per message again.\nJOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern, q.fairness_header\n      FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k\n      -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step\n      -- of its own, where inlined into the join condition a scan of a few queues would\n      -- compute them once per queue.\n      CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t\n      -- Only a queue whose binding's tags are all tags of the key can match, so few queues\n      -- reach the regex (PostgreSQL caches only 32 compiled regexes per backend; past that\n      -- every match compiles its pattern again). With many queues the first test is a\n      -- lookup in the GIN index pgmb_queue_binding_tags. With a few, scanned, the CASE\n      -- makes the cheap test run first: the regex alone needs only k and q, and the planner\n      -- would otherwise run it on every pair before joining t.\n      JOIN pgmb_queue AS q\n        ON q.binding_tags <@ t.tags\n       AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END\n      OFFSET 0) AS r ON r.routing_key = m.routing_key\n-- Not to a queue for which the message is a duplicate (pgmb.admit_message dropped those\n-- that duplicate for every queue): one published before it, not later in this statement.\nWHERE m.dedup_id IS NULL OR r.dedup_window = 0 OR NOT EXISTS (\n    SELECT FROM pgmb.duplicated(r.dedup_window, r.pattern, m.id, m.dedup_id, m.created_at) AS x(id)\n    WHERE NOT EXISTS (SELECT FROM (SELECT l.id, row_number() OVER () AS place FROM new_messages AS l) AS later\n                      WHERE later.id = x.id AND later.place > m.place))\nORDER BY m.place;\nIF FOUND THEN\n    PERFORM pgmb.wake_dispatchers();\nEND IF;\nRETURN NULL;",
-                    hash="3d3387802c63454562486fbc343d3b1472c78c9f",
+                    func="-- The statement's routing keys, bodies and headers pass their rules first (routing.sql,\n-- pgmb.message_problem): here, not as a CHECK, whose\n-- expression PostgreSQL would prepare again for every INSERT; this statement is planned once\n-- per session.\nPERFORM pgmb.refuse_message(m.id, m.routing_key, m.body, m.headers) FROM new_messages AS m\nWHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.body, m.headers)) LIMIT 1;\n-- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for\n-- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications\n-- in a transaction are merged).\n-- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.\n-- A queue with a fairness header gets the header's value as the key (fairness.sql). Its\n-- expiry is the earlier of its message's and its queue's message_ttl after publication\n-- (least() skips NULLs: neither set, none).\nINSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,\n                           priority, group_key, depends_on, fair_key, expires_at)\nSELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,\n       m.depends_on, pgmb.delivery_fair_key(r.fairness_header, m.headers),\n       least(m.expires_at, m.created_at + r.message_ttl * interval '1 second')\n-- Each message's place in the statement: deliveries are inserted in publish order, which\n-- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return\n-- them in any order.\nFROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,\n             n.depends_on, n.dedup_id, n.headers, n.expires_at, row_number() OVER () AS place\n      FROM new_messages AS n) AS m\n-- The queues of each distinct key, decided once per key: a batch's messages mostly\n-- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which\n-- would compute the key's tags and test the queues once per message again.\nJOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern, q.fairness_header,\n             q.message_ttl\n      FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k\n      -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step\n      -- of its own, where inlined into the join condition a scan of a few queues would\n      -- compute them once per queue.\n      CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t\n      -- Only a queue whose binding's tags are all tags of the key can match, so few queues\n      -- reach the regex (PostgreSQL caches only 32 compiled regexes per backend; past that\n      -- every match compiles its pattern again). With many queues the first test is a\n      -- lookup in the GIN index pgmb_queue_binding_tags. With a few, scanned, the CASE\n      -- makes the cheap test run first: the regex alone needs only k and q, and the planner\n      -- would otherwise run it on every pair before joining t.\n      JOIN pgmb_queue AS q\n        ON q.binding_tags <@ t.tags\n       AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END\n      OFFSET 0) AS r ON r.routing_key = m.routing_key\n-- Not to a queue for which the message is a duplicate (pgmb.admit_message dropped those\n-- that duplicate for every queue): one published before it, not later in this statement.\nWHERE m.dedup_id IS NULL OR r.dedup_window = 0 OR NOT EXISTS (\n    SELECT FROM pgmb.duplicated(r.dedup_window, r.pattern, m.id, m.dedup_id, m.created_at) AS x(id)\n    WHERE NOT EXISTS (SELECT FROM (SELECT l.id, row_number() OVER () AS place FROM new_messages AS l) AS later\n                      WHERE later.id = x.id AND later.place > m.place))\nORDER BY m.place;\nIF FOUND THEN\n    PERFORM pgmb.wake_dispatchers();\nEND IF;\nRETURN NULL;",
+                    hash="cfdf73e38c09080bcaba766056d7f1ed6ec8fa29",
                     level="STATEMENT",
                     operation="INSERT",
                     pgid="pgtrigger_route_messages_110b5",
                     referencing="REFERENCING NEW TABLE AS new_messages ",
                     table="pgmb_message",
                     when="AFTER",
+                ),
+            ),
+        ),
+        # Expiry: a message's expires_at is held to the time rule (pgmb.refuse_expiry) on
+        # INSERT and UPDATE; a NULL one leaves both WHENs as they were.
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="message",
+            name="admit_message",
+        ),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="message",
+            name="check_message_times",
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="admit_message",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL OR NEW.retry_delay IS NOT NULL OR NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.expires_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.expires_at < '10000-01-01 00:00:00+00'::timestamptz))",
+                    func="-- Only messages with an option other than priority, or with a time pgmb.valid_time\n-- rejects, get here (the trigger's WHEN).\nRETURN pgmb.admit_message(NEW);",
+                    hash="36f0475c187c5665397f1890544ff4dd0ae5caa1",
+                    operation="INSERT",
+                    pgid="pgtrigger_admit_message_8d54e",
+                    table="pgmb_message",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="message",
+            trigger=pgtrigger.compiler.Trigger(
+                name="check_message_times",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.expires_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.expires_at < '10000-01-01 00:00:00+00'::timestamptz))",
+                    func="-- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).\nPERFORM pgmb.refuse_expiry(NEW);\nPERFORM pgmb.refuse_times('pgmb_message', NEW.id::text, NEW.created_at, NEW.available_at);\nRETURN NEW;",
+                    hash="1bfbedcefa4670cbdf9b895054747549c1210566",
+                    operation='UPDATE OF "created_at", "available_at", "expires_at"',
+                    pgid="pgtrigger_check_message_times_9f153",
+                    table="pgmb_message",
+                    when="BEFORE",
                 ),
             ),
         ),

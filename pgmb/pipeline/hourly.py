@@ -56,8 +56,10 @@ def figures(base: DataFrame) -> DataFrame:
     ack = F.col("outcome") == "ack"
     # An 'unsent' row is a lease that ran out before its request started: no worker was
     # asked anything, so it is not an attempt of the hour; an 'archived' one is a pull
-    # queue's message settled without an ack, neither delivered nor failed.
-    base = base.where(~F.col("outcome").isin("unsent", "archived"))
+    # queue's message settled without an ack, neither delivered nor failed; a 'ttl' one a
+    # delivery whose time to live ran out before any request (not counted here, the live
+    # dashboard counts them).
+    base = base.where(~F.col("outcome").isin("unsent", "archived", "ttl"))
     # Each attempt counts for its queue, for its worker's total and for the hour's total.
     level = F.explode(
         F.array(

@@ -4,6 +4,7 @@ pgmb.metrics, the lists' own source; its query count and its statement's plan.""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from xml.etree import ElementTree as ET
@@ -14,7 +15,8 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
-from pgmb import dashboard_series, dispatcher_registry, metrics
+import pgmb
+from pgmb import dashboard_series, deliveries, dispatcher_registry, metrics
 from pgmb import sql as pgmb_sql
 from pgmb.admin.charts import SVG_NS
 from pgmb.models import Queue
@@ -296,7 +298,7 @@ def test_the_page_charts_the_known_minute(admin_client, known, sql):
     assert outcomes.attrib["aria-label"].startswith("Delivered, failed and dead-lettered")
     hover = {t.text for t in outcomes.iter(f"{{{SVG_NS}}}title")}
     label = minute(sql, 10).strftime("%H:%M")  # the tests' time zone is UTC
-    assert f"{label}: delivered 3, failed 2, dead-lettered 1" in hover
+    assert f"{label}: delivered 3, failed 2, dead-lettered 1, expired (TTL) 0" in hover
     latency = {t.text for t in charts[2].iter(f"{{{SVG_NS}}}title")}
     assert f"{label}: p50 30 ms, p95 48 ms" in latency
     assert "Last hour: 4 delivered, 2 failed (1 of them dead-lettered)." in (
@@ -309,7 +311,7 @@ def test_the_page_charts_a_chosen_queue_or_worker(admin_client, known, sql):
 
     response = admin_client.get(DASHBOARD, {"queue": "other_queue"})
     hover = {t.text for t in svgs(response)[0].iter(f"{{{SVG_NS}}}title")}
-    assert f"{label}: delivered 1, failed 0, dead-lettered 0" in hover
+    assert f"{label}: delivered 1, failed 0, dead-lettered 0, expired (TTL) 0" in hover
     assert "Last hour: 1 delivered, 0 failed" in response.content.decode()
     assert "queue other_queue" in response.content.decode()
     worker = admin_client.get(DASHBOARD, {"worker": "known_worker"})
@@ -593,3 +595,19 @@ def test_latency_is_drawn_as_lines_even_in_a_lone_minute(admin_client, make_queu
     for line in lines:
         (x1, y1), (x2, y2) = (map(float, p.split(",")) for p in line.attrib["points"].split())
         assert y1 == y2 and x2 > x1
+
+
+def test_the_page_counts_expirations_by_ttl_apart_from_failures(admin_client, make_queue):
+    """Outcome 'ttl' (docs/delivery.md, Expiry): its own series, not a failure; 'expired'
+    alone stays a lease's."""
+    make_queue("exp.#", name="expiring")
+    for _ in range(2):
+        pgmb.send(
+            "exp.a", {}, expires_at=datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+        )
+    assert deliveries.expire() == 2
+    page = admin_client.get(DASHBOARD, {"queue": "expiring"}).content.decode()
+    assert (
+        "0 delivered, 0 failed (0 of them dead-lettered). "
+        "2 expired (TTL) before they were delivered." in page
+    )

@@ -3,6 +3,7 @@ refuses, for one message, a file of bodies and envelopes."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import uuid
 
@@ -63,3 +64,32 @@ def test_a_file_takes_group_and_priority_for_every_line_and_envelopes_their_own(
         tmp_path / "bad.jsonl", [json.dumps({"routing_key": "k", "body": 1, "priority": "hi"})]
     )
     fails(file=str(bad), match="line 1: invalid priority")
+
+
+def test_expiry_from_the_command_and_from_envelopes(make_queue, tmp_path):
+    """--ttl and --expires-at (docs/delivery.md, Expiry); a line's own replaces the file's."""
+    make_queue("#")
+    one = Message.objects.get(pk=run("k", "1", ttl="5m").strip())
+    assert one.expires_at - one.created_at == datetime.timedelta(minutes=5)
+    two = Message.objects.get(pk=run("k", "2", expires_at="2030-01-01T00:00:00Z").strip())
+    assert two.expires_at == datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)
+    lines = write_lines(
+        tmp_path / "e.jsonl",
+        [
+            json.dumps({"routing_key": "k", "body": 3}),
+            json.dumps({"routing_key": "k", "body": 4, "expires_at": "2031-01-01T00:00:00Z"}),
+        ],
+    )
+    assert run(file=str(lines), ttl=60) == "sent 2 messages\n"
+    ttl, at = (Message.objects.get(body=n) for n in (3, 4))
+    assert ttl.expires_at - ttl.created_at == datetime.timedelta(seconds=60)
+    assert at.expires_at.year == 2031
+
+
+def test_bad_expiry_is_refused_and_stores_nothing(db):
+    fails("k", "1", ttl="-5", match="must not be negative")
+    fails("k", "1", ttl="0", match="invalid ttl")
+    fails("k", "1", ttl="2030-01-01T00:00:00Z", match="not a time")
+    fails("k", "1", expires_at="5m", match="--expires-at must be a time")
+    fails("k", "1", ttl="5", expires_at="2030-01-01T00:00:00Z", match="not both")
+    assert Message.objects.count() == 0

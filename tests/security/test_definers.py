@@ -35,6 +35,11 @@ CALLS: dict[str, str] = {
     "pgmb.send(uuid,text,jsonb,jsonb,integer)": (
         "SELECT pgmb.send(gen_random_uuid(), 'job.run', '{}'::jsonb, '{}'::jsonb, 5)"
     ),
+    "pgmb.send(uuid,text,jsonb,jsonb,timestamp with time zone,double precision,"
+    "timestamp with time zone,integer,text,uuid[],text,integer,double precision)": (
+        "SELECT pgmb.send(gen_random_uuid(), 'job.run', '{}'::jsonb, '{}'::jsonb, now(),"
+        " ttl => 60, group_key => 'g')"
+    ),
     "pgmb.read(text,double precision,integer,jsonb)": (
         "SELECT * FROM pgmb.read(%(q)s, 30, 1, '{\"body\": {}}')"
     ),

@@ -7,7 +7,8 @@ One message::
 Many, each line a body sent with the same routing key, or (without a routing key) each line
 an envelope ``{"routing_key": ..., "body": ..., "headers"?: ..., "delay"?: ..., "id"?: ...}``
 (and the message options ``priority``, ``group``, ``depends_on``, ``dedup_id``,
-``max_retries``, ``retry_delay``, docs/ordering.md)::
+``max_retries``, ``retry_delay``, docs/ordering.md, and ``ttl`` or ``expires_at``,
+docs/delivery.md)::
 
     manage.py pgmb_send order.created --file bodies.jsonl
     manage.py pgmb_send --file envelopes.jsonl
@@ -102,6 +103,17 @@ class Command(BaseCommand):
             "--retry-delay",
             metavar="DURATION",
             help="Seconds or a duration (30s, 5m) between attempts, instead of the backoff.",
+        )
+        options.add_argument(
+            "--ttl",
+            metavar="DURATION",
+            help="Seconds or a duration (30s, 5m) from now after which the message is not "
+            "delivered (docs/delivery.md, Expiry).",
+        )
+        options.add_argument(
+            "--expires-at",
+            metavar="TIME",
+            help="A time (2030-01-01T12:00:00Z) after which the message is not delivered.",
         )
         parser.add_argument(
             "--file",

@@ -914,12 +914,6 @@ BEGIN
     RETURN w;
 END $_$;
 
--- ==== Fair shares per key ====
-
--- Seconds until something may be claimable for these queues (NULL: nothing pending):
--- the next due delivery (the first per priority, pgmb.next_due), the next token of a
--- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
--- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
 CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -941,14 +935,6 @@ BEGIN
     ) AS candidates);
 END $$;
 
--- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
--- first (priority, due time, publish order), within each worker's rate limit and circuit
--- breaker; counts the attempt. The hot statements of the claim, pgmb.start, pgmb.ack and
--- pgmb.settle_failures are planned at every call (plan_cache_mode), with the scans that an
--- estimate could pick over a queue's index turned off: a plan cached for an empty queue, or
--- made from stale statistics, would otherwise read the whole table. Rows are found through
--- the primary key (id = ANY (...)), and the claim picks into an array first and returns its
--- rows in the order picked.
 CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
     LANGUAGE plpgsql
     SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -1124,6 +1110,134 @@ DROP FUNCTION IF EXISTS pgmb.free_slots(uuid, integer, timestamptz), pgmb.slot_f
     pgmb.wake_for_slots(bigint[]);
 DROP INDEX IF EXISTS pgmb_worker_capped;
 ALTER TABLE pgmb_worker DROP CONSTRAINT IF EXISTS pgmb_worker_max_in_flight_positive;
+
+-- ==== Fair shares per key ====
+
+-- Seconds until something may be claimable for these queues (NULL: nothing pending):
+-- the next due delivery (the first per priority, pgmb.next_due), the next token of a
+-- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
+-- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
+CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
+                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
+    FROM (
+        SELECT CASE WHEN due IS NOT NULL
+                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
+               END AS at
+        FROM (
+            SELECT pgmb.next_due(qu.id) AS due,
+                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
+            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+        ) AS per_queue
+        UNION ALL
+        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+    ) AS candidates);
+END $$;
+
+-- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures are planned at every call (plan_cache_mode), with the scans that an
+-- estimate could pick over a queue's index turned off: a plan cached for an empty queue, or
+-- made from stale statistics, would otherwise read the whole table. Rows are found through
+-- the primary key (id = ANY (...)), and the claim picks into an array first and returns its
+-- rows in the order picked.
+CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+    lease uuid := gen_random_uuid();
+    remaining integer := max_count;
+    w record;
+    q uuid;
+    tokens integer;
+    got integer;
+    breaker text;
+    bucket float8;
+    taken integer;
+    picked bigint[];
+    secrets text[];
+BEGIN
+    FOR w IN
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
+          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
+        GROUP BY wk.id
+        ORDER BY random()
+    LOOP
+        EXIT WHEN remaining <= 0;
+        -- The bucket is the worker row. If another claim holds it right now, that claim is
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t)
+        INTO bucket, breaker, secrets
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        tokens := least(floor(bucket)::integer, remaining);
+        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
+        taken := 0;
+        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
+        FOREACH q IN ARRAY w.queue_ids LOOP
+            EXIT WHEN tokens <= 0;
+            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
+            -- picked are then found by primary key, whatever the planner thinks of the table.
+            picked := ARRAY(
+                SELECT d.id FROM pgmb_delivery d
+                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                ORDER BY d.priority, d.available_at, d.id
+                LIMIT tokens
+                FOR NO KEY UPDATE SKIP LOCKED);
+            CONTINUE WHEN cardinality(picked) = 0;
+            RETURN QUERY
+            WITH leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
+                UPDATE pgmb_delivery d
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
+                FROM pgmb_queue qu
+                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds
+            )
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
+            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
+            JOIN leased l ON l.id = p.id
+            JOIN pgmb_message m ON m.id = l.message_id
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked.
+            ORDER BY p.n;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            tokens := tokens - got;
+            remaining := remaining - got;
+            taken := taken + got;
+        END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
+    END LOOP;
+END $$;
+
 -- Dead letters back to their queue: attempts start again, due now, with the message's
 -- priority, group and dependencies. A requeued delivery gets a new id: in its group it goes
 -- behind the members already there (docs/ordering.md).
@@ -1201,3 +1315,391 @@ DROP TABLE pgmb.fair_key;
 DROP INDEX pgmb_delivery_fair;
 ALTER TABLE pgmb_delivery DROP COLUMN fair_key;
 ALTER TABLE pgmb_queue DROP COLUMN fairness_header;
+
+-- ==== Expiry ====
+-- 0.1.1's functions (pgmb.loop_reclaim is 0.2.0's: its section drops it). The columns, with
+-- their constraints and index, and the triggers that call pgmb.refuse_expiry, are put back
+-- by Django after this file, in the same transaction.
+
+DROP FUNCTION IF EXISTS pgmb.send(uuid, text, jsonb, jsonb, timestamptz, float8, timestamptz, integer, text, uuid[], text, integer, float8),
+    pgmb.expiry_problem(float8, timestamptz), pgmb.expire(integer);
+
+-- Before each message with options, or with times pgmb.valid_time rejects, is stored (the
+-- admit_message trigger's WHEN): refuses such times (pgmb.refuse_times), enforces the options rule (as the check pgmb_message_options_valid,
+-- with that name), refuses unknown dependencies (to a caller that may read messages; to
+-- any other, a dependency on a message it did not publish counts as settled and is left
+-- out, so that it cannot probe for ids: docs/decisions/0055-dependencies-on-own-messages.md),
+-- and returns NULL (the row is not stored)
+-- for a message that duplicates one for every queue its routing key matches
+-- (pgmb.duplicated; the candidate queues found by their tags). A message that
+-- duplicates for some of its queues only is stored, and the routing trigger leaves those
+-- queues out. Rows published earlier in the same statement are visible here.
+CREATE OR REPLACE FUNCTION pgmb.admit_message(m pgmb_message) RETURNS pgmb_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing uuid;
+    created timestamptz := coalesce(m.created_at, now());
+    problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
+                                                 m.dedup_id, m.max_retries, m.retry_delay);
+BEGIN
+    -- Its times (the trigger's WHEN lets in a message without options for them).
+    IF NOT (pgmb.valid_time(m.created_at) AND pgmb.valid_time(m.available_at)) THEN
+        PERFORM pgmb.refuse_times('pgmb_message', m.id::text, m.created_at, m.available_at);
+    END IF;
+    -- The options rule, reported as a check violation of pgmb_message_options_valid.
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_options_valid';
+    END IF;
+    IF m.depends_on IS NOT NULL AND NOT pgmb.caller_sees_messages() THEN
+        -- Whether another role's message exists, or is pending, is not this caller's to
+        -- learn: its message waits only for its own (a role's messages carry its name).
+        m.depends_on := nullif(ARRAY(SELECT dep FROM unnest(m.depends_on) AS dep
+                                     WHERE EXISTS (SELECT FROM pgmb_message x
+                                                   WHERE x.id = dep AND x.producer = m.producer)), '{}');
+    END IF;
+    IF m.depends_on IS NOT NULL THEN
+        SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
+        WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
+        -- Only to a caller that may read messages: to any other, a dependency that does not
+        -- exist is one that was settled and archived, so that it cannot probe for ids
+        -- (docs/decisions/0039-refusals-tell-nothing.md).
+        IF FOUND AND pgmb.caller_sees_messages() THEN
+            RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
+                USING ERRCODE = 'foreign_key_violation',
+                      HINT = 'Publish the messages it depends on first (earlier in the same batch is fine).';
+        END IF;
+    END IF;
+    IF m.dedup_id IS NOT NULL THEN
+        -- Concurrent publishers of one dedup id take turns; the second sees the first.
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgmb dedup ' || m.dedup_id, 0));
+        IF EXISTS (SELECT FROM pgmb_queue q
+                   WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern)
+           AND NOT EXISTS (SELECT FROM pgmb_queue q
+                           WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
+                             AND NOT EXISTS (SELECT FROM pgmb.duplicated(q.dedup_window, q.pattern, m.id,
+                                                                         m.dedup_id, created, m.producer))) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN m;
+END $$;
+
+DROP FUNCTION IF EXISTS pgmb.refuse_expiry(pgmb_message);
+
+-- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures are planned at every call (plan_cache_mode), with the scans that an
+-- estimate could pick over a queue's index turned off: a plan cached for an empty queue, or
+-- made from stale statistics, would otherwise read the whole table. Rows are found through
+-- the primary key (id = ANY (...)), and the claim picks into an array first and returns its
+-- rows in the order picked.
+CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+    lease uuid := gen_random_uuid();
+    remaining integer := max_count;
+    w record;
+    q uuid;
+    tokens integer;
+    got integer;
+    breaker text;
+    bucket float8;
+    taken integer;
+    picked bigint[];
+    secrets text[];
+BEGIN
+    FOR w IN
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
+          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
+        GROUP BY wk.id
+        ORDER BY random()
+    LOOP
+        EXIT WHEN remaining <= 0;
+        -- The bucket is the worker row. If another claim holds it right now, that claim is
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t)
+        INTO bucket, breaker, secrets
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        tokens := least(floor(bucket)::integer, remaining);
+        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
+        taken := 0;
+        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
+        FOREACH q IN ARRAY w.queue_ids LOOP
+            EXIT WHEN tokens <= 0;
+            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
+            -- picked are then found by primary key, whatever the planner thinks of the table.
+            picked := ARRAY(
+                SELECT d.id FROM pgmb_delivery d
+                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                ORDER BY d.priority, d.available_at, d.id
+                LIMIT tokens
+                FOR NO KEY UPDATE SKIP LOCKED);
+            CONTINUE WHEN cardinality(picked) = 0;
+            RETURN QUERY
+            WITH leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
+                UPDATE pgmb_delivery d
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
+                FROM pgmb_queue qu
+                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds
+            )
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
+            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
+            JOIN leased l ON l.id = p.id
+            JOIN pgmb_message m ON m.id = l.message_id
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked.
+            ORDER BY p.n;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            tokens := tokens - got;
+            remaining := remaining - got;
+            taken := taken + got;
+        END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
+    END LOOP;
+END $$;
+
+-- Reads up to qty visible messages of a pull queue and hides them for vt seconds (PGMQ's
+-- read); `filter` keeps those whose body contains it. The update and the dead-lettering find
+-- their rows by primary key (id = ANY (ARRAY(...))), whatever the estimate, so the function
+-- uses its generic plan (the settings at the end of this file): planning the statement at
+-- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md).
+CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- First, before any expression a planted operator could match (tables.sql).
+    closed boolean := pgmb.refuse_writable_schemas();
+    q record;
+    t timestamptz := clock_timestamp();
+    body_filter jsonb := filter -> 'body';
+    headers_filter jsonb := filter -> 'headers';
+    remaining integer := qty;
+    got pgmb.pull_message[];
+    buried integer;
+    seen bigint[] := '{}';
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_args(vt, qty, filter);
+    IF q.paused THEN
+        RETURN;
+    END IF;
+    LOOP
+        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
+        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
+        -- statement, as pgmb.settle_failures does with push failures.
+        WITH picked AS (
+            -- A first read cannot be the last one: only a delivery read before looks up its
+            -- message's own max_retries.
+            SELECT d.id, d.available_at AS was, lim.max_retries,
+                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
+            FROM pgmb_delivery d
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN d.attempts = 0 THEN NULL
+                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
+                                          q.max_retries) END AS max_retries
+            ) AS lim
+            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
+              AND d.id <> ALL (seen)
+              AND (filter IS NULL
+                   OR EXISTS (SELECT 1 FROM pgmb_message m
+                              WHERE m.id = d.message_id
+                                AND (body_filter IS NULL OR m.body @> body_filter)
+                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
+            ORDER BY d.priority, d.available_at, d.id
+            LIMIT remaining
+            FOR UPDATE OF d SKIP LOCKED
+        ), dead AS (
+            DELETE FROM pgmb_delivery d
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
+            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
+                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error
+        ), dead_letters AS (
+            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
+            FROM dead x
+            ON CONFLICT (message_id, queue_id) DO UPDATE
+            SET attempts = excluded.attempts, last_status = excluded.last_status,
+                last_error = excluded.last_error, created_at = excluded.created_at
+        ), history AS (
+            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
+            FROM dead x
+            RETURNING 1
+        ), r AS (
+            UPDATE pgmb_delivery d
+            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
+        )
+        SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
+                             m.body, m.headers, m.routing_key)::pgmb.pull_message
+                         ORDER BY r.priority, p.was, r.id),
+               (SELECT count(*) FROM history)
+        INTO got, buried
+        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id;
+        IF got IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM unnest(got);
+            remaining := remaining - cardinality(got);
+        END IF;
+        -- Only dead-lettered rows make room for more in the same read.
+        EXIT WHEN buried = 0 OR remaining <= 0;
+        seen := seen || ARRAY(SELECT g.delivery_id FROM unnest(got) AS g);
+    END LOOP;
+END $$;
+
+-- pgmb.read acts for its caller and keeps its planner settings (both are the function's
+-- own, which CREATE OR REPLACE resets; pull.sql).
+SELECT pgmb.pin_definers(ARRAY['pgmb.read(text, double precision, integer, jsonb)']);
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
+
+-- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, the rows
+-- of dispatchers stopped or gone for longer than `keep`, and expired retiring secrets.
+CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    reclaimed integer := pgmb.reclaim_expired(10000);
+BEGIN
+    IF to_regclass('cron.job_run_details') IS NOT NULL THEN
+        EXECUTE 'DELETE FROM cron.job_run_details WHERE end_time < now() - $1' USING keep;
+    END IF;
+    DELETE FROM pgmb_dispatcher d
+    WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
+      AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
+    PERFORM pgmb.forget_expired_secrets();
+    RETURN reclaimed;
+END $$;
+
+-- Per worker, over the requests of its queues (not 'unsent' history rows: no request was
+-- made): the last hour through the index on created_at, the last success through
+-- pgmb_attempt_acked, the last error and the failures since the last success through a
+-- look-back of at most 24 hours.
+CREATE OR REPLACE FUNCTION pgmb.worker_metrics() RETURNS SETOF pgmb.worker_metrics
+LANGUAGE sql STABLE AS $$
+    SELECT w.name::text,
+           w.active,
+           coalesce(h.requests, 0),
+           coalesce(h.successes, 0),
+           h.successes::float8 / nullif(h.requests, 0),
+           h.p95,
+           s.at,
+           e.status_code,
+           e.error,
+           e.created_at,
+           coalesce(f.n, 0),
+           now()
+    FROM pgmb_worker w
+    LEFT JOIN (
+        SELECT q.worker_id,
+               count(*) AS requests,
+               count(*) FILTER (WHERE a.outcome = 'ack') AS successes,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE a.created_at > now() - interval '1 hour' AND a.outcome <> 'unsent'
+        GROUP BY q.worker_id
+    ) h ON h.worker_id = w.id
+    LEFT JOIN LATERAL (
+        SELECT max(a.created_at) AS at
+        FROM pgmb_queue q
+        CROSS JOIN LATERAL (
+            SELECT a.created_at FROM pgmb_attempt a
+            WHERE a.queue_id = q.id AND a.outcome = 'ack'
+            ORDER BY a.created_at DESC LIMIT 1
+        ) a
+        WHERE q.worker_id = w.id
+    ) s ON true
+    LEFT JOIN LATERAL (
+        SELECT a.status_code, a.error, a.created_at
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent')
+          AND a.created_at > now() - interval '24 hours'
+        ORDER BY a.created_at DESC, a.id DESC LIMIT 1
+    ) e ON true
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS n
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent')
+          AND a.created_at > greatest(s.at, now() - interval '24 hours')
+    ) f ON true
+    ORDER BY w.name
+$$;
+
+-- Every queue's metrics, by name. An SQL function PostgreSQL inlines: a condition on
+-- queue_name reaches the scan of pgmb_queue, and each queue's deliveries are read through
+-- the partial index of its ready rows (pgmb_delivery_due); leased and waiting rows (few),
+-- and the last hour's attempts, are read once for all queues. 'unsent' history rows (no
+-- request was made) are not failures, and an archived message is neither delivered nor failed.
+CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT q.name::text,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0),
+           r.due,
+           extract(epoch FROM now() - greatest(r.newest, l.newest))::float8,
+           extract(epoch FROM now() - r.oldest_due)::float8,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0) + x.n + a.n,
+           coalesce(l.n, 0),
+           r.retrying,
+           x.n,
+           coalesce(h.delivered, 0),
+           coalesce(h.failed, 0),
+           q.paused,
+           now()
+    FROM pgmb_queue q
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n,
+               count(*) FILTER (WHERE d.available_at <= now()) AS due,
+               count(*) FILTER (WHERE d.attempts > 0) AS retrying,
+               max(d.created_at) AS newest,
+               min(d.created_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+        FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready'
+    ) r
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM pgmb_dead_letter x WHERE x.queue_id = q.id) x
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgmb_attempt a WHERE a.queue_id = q.id AND a.outcome = 'ack'
+    ) a
+    LEFT JOIN (
+        SELECT d.queue_id, count(*) FILTER (WHERE d.state = 'leased') AS n,
+               count(*) FILTER (WHERE d.state = 'waiting') AS waiting,
+               max(d.created_at) AS newest
+        FROM pgmb_delivery d WHERE d.state = 'leased' OR d.state = 'waiting' GROUP BY d.queue_id
+    ) l ON l.queue_id = q.id
+    LEFT JOIN (
+        SELECT a.queue_id,
+               count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
+               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent', 'archived')) AS failed
+        FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
+    ) h ON h.queue_id = q.id
+    ORDER BY q.name
+$$;

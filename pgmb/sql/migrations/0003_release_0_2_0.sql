@@ -1910,6 +1910,240 @@ END $_$;
 -- the next due delivery (the first per priority, pgmb.next_due), the next token of a
 -- rate-limited worker, the next slot of a capped worker that is full (pgmb.slot_free_at),
 -- the next lease to expire, the end of a circuit breaker's cool-down.
+-- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
+CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
+                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
+    FROM (
+        SELECT CASE WHEN due IS NOT NULL
+                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until,
+                                  slot_at)
+               END AS at
+        FROM (
+            SELECT pgmb.next_due(qu.id) AS due,
+                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until,
+                   CASE WHEN wk.max_in_flight IS NOT NULL THEN pgmb.slot_free_at(wk.id, wk.max_in_flight) END AS slot_at
+            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+        ) AS per_queue
+        UNION ALL
+        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+    ) AS candidates);
+END $$;
+
+-- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
+-- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
+-- pages), a plan would otherwise read the whole table. Rows are found through the primary
+-- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
+-- order picked. With those scans and sorts off, each of these functions' statements has
+-- one plan whatever the statistics say or how many ids a call passes, so each keeps one
+-- generic plan a session (plan_cache_mode): planned at every call, a claim would spend half
+-- its CPU planning, a start or an ack of one delivery (the in-database loop's) a third;
+-- a claim of one row (a dispatcher woken by one message) is what the latency of a
+-- delivery waits for (tests/sql/test_steady_plans.py reads their plans).
+CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+    lease uuid := gen_random_uuid();
+    remaining integer := max_count;
+    w record;
+    q uuid;
+    tokens integer;
+    got integer;
+    breaker text;
+    bucket float8;
+    taken integer;
+    picked bigint[];
+    secrets text[];
+    cap integer;
+BEGIN
+    FOR w IN
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
+          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
+        GROUP BY wk.id
+        ORDER BY random()
+    LOOP
+        EXIT WHEN remaining <= 0;
+        -- The bucket is the worker row. If another claim holds it right now, that claim is
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t),
+               wk.max_in_flight
+        INTO bucket, breaker, secrets, cap
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        tokens := least(floor(bucket)::integer, remaining);
+        -- A cap on requests in flight: only a capped worker counts its leases (pgmb.free_slots).
+        IF cap IS NOT NULL THEN tokens := least(tokens, pgmb.free_slots(w.id, cap, t)); END IF;
+        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
+        taken := 0;
+        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
+        FOREACH q IN ARRAY w.queue_ids LOOP
+            EXIT WHEN tokens <= 0;
+            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
+            -- picked are then found by primary key, whatever the planner thinks of the table.
+            picked := ARRAY(
+                SELECT d.id FROM pgmb_delivery d
+                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                ORDER BY d.priority, d.available_at, d.id
+                LIMIT tokens
+                FOR NO KEY UPDATE SKIP LOCKED);
+            CONTINUE WHEN cardinality(picked) = 0;
+            RETURN QUERY
+            WITH leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
+                UPDATE pgmb_delivery d
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
+                FROM pgmb_queue qu
+                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds
+            )
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
+            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
+            JOIN leased l ON l.id = p.id
+            JOIN pgmb_message m ON m.id = l.message_id
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked.
+            ORDER BY p.n;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            tokens := tokens - got;
+            remaining := remaining - got;
+            taken := taken + got;
+        END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
+    END LOOP;
+END $$;
+
+-- Records successful attempts: the deliveries are deleted and their attempts written to the
+-- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    acked integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
+    ), done AS (
+        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
+        RETURNING d.id, d.message_id, d.queue_id, d.attempts
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
+        FROM done JOIN input u ON u.id = done.id
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO acked FROM history;
+    RETURN acked;
+END $$;
+
+-- Records failed attempts of leased deliveries (fenced by their lease ids): each is
+-- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
+-- once after an answer that stops retries (pgmb.final_answer_note: the worker's
+-- dead_statuses, or its abort header; the error then says so), or retried after the
+-- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
+-- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. The
+-- circuit breakers hear of the outcomes first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    settled integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
+            AS u(id, lease_id, status, error, retry_after, duration_ms)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
+               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
+               q.backoff_base, q.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
+        -- A pull queue has no worker; its reads' leases come here when they expire.
+        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
+            available_at = clock_timestamp()
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+-- Closed, as every function of pgmb's but the reviewed list (access.sql).
+REVOKE EXECUTE ON FUNCTION
+    pgmb.free_slots(uuid, integer, timestamptz),
+    pgmb.slot_free_at(uuid, integer),
+    pgmb.wake_for_slots(bigint[])
+FROM PUBLIC;
+
 -- ==== Fair shares per key ====
 
 -- Fair shares per key (docs/fairness.md, docs/decisions/0082-fair-shares-per-key.md). A
@@ -2109,7 +2343,8 @@ BEGIN
         SELECT k.key FROM pgmb.fair_key k
         WHERE k.queue_id = q
           AND EXISTS (SELECT FROM pgmb_delivery d
-                      WHERE d.queue_id = q AND d.fair_key = k.key AND d.state = 'ready' AND d.available_at <= t)
+                      WHERE d.queue_id = q AND d.fair_key = k.key AND d.state = 'ready' AND d.available_at <= t
+                        AND (d.expires_at IS NULL OR d.expires_at > t))
         ORDER BY k.served_at NULLS FIRST, k.key
         LIMIT wanted
         FOR UPDATE OF k SKIP LOCKED);
@@ -2129,6 +2364,7 @@ BEGIN
                (SELECT count(*) FROM (SELECT FROM pgmb_delivery d
                                       WHERE d.queue_id = q AND d.fair_key = k.key AND d.state = 'ready'
                                         AND d.available_at <= t
+                                        AND (d.expires_at IS NULL OR d.expires_at > t)
                                       LIMIT wanted + 1) AS due))::integer ORDER BY u.n),
            array_agg(b.bucket ORDER BY u.n)
     INTO weights, credits, allowed, buckets
@@ -2168,6 +2404,7 @@ BEGIN
         part := ARRAY(
             SELECT d.id FROM pgmb_delivery d
             WHERE d.queue_id = q AND d.fair_key = keys[i] AND d.state = 'ready' AND d.available_at <= t
+              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
             ORDER BY d.priority, d.available_at, d.id
             LIMIT given[i]
             FOR NO KEY UPDATE SKIP LOCKED);
@@ -2279,7 +2516,6 @@ DECLARE
     taken integer;
     picked bigint[];
     secrets text[];
-    cap integer;
 BEGIN
     FOR w IN
         SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids,
@@ -2305,15 +2541,12 @@ BEGIN
                      wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
                wk.breaker_state,
                -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
-               pgmb.signing_secrets(wk.secret, wk.id, t),
-               wk.max_in_flight
-        INTO bucket, breaker, secrets, cap
+               pgmb.signing_secrets(wk.secret, wk.id, t)
+        INTO bucket, breaker, secrets
         FROM pgmb_worker wk WHERE wk.id = w.id
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         tokens := least(floor(bucket)::integer, remaining);
-        -- A cap on requests in flight: only a capped worker counts its leases (pgmb.free_slots).
-        IF cap IS NOT NULL THEN tokens := least(tokens, pgmb.free_slots(w.id, cap, t)); END IF;
         -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
         IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
         taken := 0;
@@ -2325,15 +2558,14 @@ BEGIN
             IF q = ANY (w.fair_ids) THEN
                 picked := pgmb.fair_pick(q, tokens, t);
             ELSE
-                -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the
-                -- rows picked are then found by primary key, whatever the planner thinks of
-                -- the table.
-                picked := ARRAY(
-                    SELECT d.id FROM pgmb_delivery d
-                    WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                    ORDER BY d.priority, d.available_at, d.id
-                    LIMIT tokens
-                    FOR NO KEY UPDATE SKIP LOCKED);
+            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
+            -- picked are then found by primary key, whatever the planner thinks of the table.
+            picked := ARRAY(
+                SELECT d.id FROM pgmb_delivery d
+                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                ORDER BY d.priority, d.available_at, d.id
+                LIMIT tokens
+                FOR NO KEY UPDATE SKIP LOCKED);
             END IF;
             CONTINUE WHEN cardinality(picked) = 0;
             RETURN QUERY
@@ -2365,106 +2597,6 @@ BEGIN
     END LOOP;
 END $$;
 
--- Records successful attempts: the deliveries are deleted and their attempts written to the
--- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
-CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    acked integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
-    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
-    ), done AS (
-        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
-        RETURNING d.id, d.message_id, d.queue_id, d.attempts
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
-        FROM done JOIN input u ON u.id = done.id
-        RETURNING 1
-    )
-    SELECT count(*)::integer INTO acked FROM history;
-    RETURN acked;
-END $$;
-
--- Records failed attempts of leased deliveries (fenced by their lease ids): each is
--- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
--- once after an answer that stops retries (pgmb.final_answer_note: the worker's
--- dead_statuses, or its abort header; the error then says so), or retried after the
--- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
--- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. The
--- circuit breakers hear of the outcomes first. Planned as pgmb.claim.
-CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    settled integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
-    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
-            AS u(id, lease_id, status, error, retry_after, duration_ms)
-    ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
-               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
-               q.backoff_base, q.backoff_max, m.retry_delay
-        FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
-        JOIN pgmb_queue q ON q.id = d.queue_id
-        JOIN pgmb_message m ON m.id = d.message_id
-        -- A pull queue has no worker; its reads' leases come here when they expire.
-        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
-        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
-        FOR UPDATE OF d
-    ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
-        RETURNING d.id
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
-        FROM target t JOIN dead ON dead.id = t.id
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
-    ), retried AS (
-        UPDATE pgmb_delivery d
-        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
-            available_at = clock_timestamp()
-                + CASE WHEN t.retry_delay IS NOT NULL
-                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
-                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
-                  END * interval '1 second'
-        FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms, t.error, clock_timestamp()
-        FROM target t
-        RETURNING 1
-    )
-    -- Data-modifying CTEs always run to completion, read or not.
-    SELECT count(*)::integer INTO settled FROM history;
-    RETURN settled;
-END $$;
-
--- Closed, as every function of pgmb's but the reviewed list (access.sql).
-REVOKE EXECUTE ON FUNCTION
-    pgmb.free_slots(uuid, integer, timestamptz),
-    pgmb.slot_free_at(uuid, integer),
-    pgmb.wake_for_slots(bigint[])
-FROM PUBLIC;
 -- Dead letters back to their queue: attempts start again, due now, with the message's
 -- priority, group, dependencies and fairness key. A requeued delivery gets a new id: in its
 -- group it goes behind the members already there (docs/ordering.md).
@@ -2534,3 +2666,638 @@ BEGIN
     END IF;
     RETURN n;
 END $$;
+
+-- ==== Expiry ====
+-- A message's expiry (pgmb_message.expires_at, from Python's ttl= or expires_at=, or the
+-- new pgmb.send overload) and a queue's message_ttl and on_expiry (the columns are Django's,
+-- added before this file runs, with the routing trigger that copies the earlier expiry to
+-- each delivery): claims and reads skip an expired delivery, pgmb.expire dead-letters or
+-- drops it (docs/decisions/0083-expiry.md). No function 0.1.1's dispatchers call changes
+-- its arguments or results; a delivery without an expiry (every one 0.1.1 publishes) is
+-- claimed as before.
+
+-- Expiry (docs/delivery.md, Expiry): a queue's message_ttl, when set, is a positive number of
+-- seconds and at most 30 days as its other durations; an expired delivery is dead-lettered
+-- or dropped (pgmb.expire).
+ALTER TABLE pgmb_queue
+    ADD CONSTRAINT pgmb_queue_message_ttl_valid
+        CHECK (message_ttl > 0 AND message_ttl <= 2592000),
+    ADD CONSTRAINT pgmb_queue_on_expiry_valid
+        CHECK (on_expiry::text = ANY ('{dead_letter,drop}'::text[]));
+
+-- Deliveries that expire, by their expiry (pgmb.expire's sweep); rows without one, most,
+-- are not in it and cost no publish anything.
+CREATE INDEX IF NOT EXISTS pgmb_delivery_expiry ON pgmb_delivery (expires_at)
+    WHERE expires_at IS NOT NULL;
+
+-- Why a message's expiry is refused, or NULL: the rule of pgmb.options.check_expiry in
+-- Python (tests/rules, one table of cases for both). A ttl (seconds from publication) or an
+-- expires_at, not both; a ttl positive, finite and ending before the year 10000; an
+-- expires_at a time pgmb stores (pgmb.valid_time). A time already past is accepted: the
+-- message expires at once (docs/decisions/0083-expiry.md).
+CREATE OR REPLACE FUNCTION pgmb.expiry_problem(ttl float8, expires_at timestamptz) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN ttl IS NOT NULL AND expires_at IS NOT NULL
+            THEN 'give a message a ttl or an expires_at, not both'
+        WHEN ttl = 'NaN'::float8 OR ttl IN ('Infinity'::float8, '-Infinity'::float8) OR ttl <= 0
+            THEN format('invalid ttl %s: it must be a positive, finite number of seconds', ttl)
+        WHEN ttl >= extract(epoch FROM timestamptz '10000-01-01 00:00:00+00' - now())::float8
+            THEN format('invalid ttl %s: too long (past the year 9999)', ttl)
+        WHEN NOT pgmb.valid_time(expires_at)
+            THEN format('invalid expires_at %s: a time must be finite, from the year 1 to the year 9999 (UTC)', expires_at)
+    END
+$$;
+
+-- The refusal of a message whose expires_at pgmb.valid_time rejects (an infinite one would
+-- never expire, as NULL, but no Python client could read the row), raised as a CHECK
+-- violation of pgmb_message_times_valid as pgmb.refuse_times does; nothing otherwise.
+-- Called by pgmb.admit_message and, for an UPDATE, by the check_message_times trigger.
+CREATE OR REPLACE FUNCTION pgmb.refuse_expiry(m pgmb_message) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF m.expires_at IS NOT NULL AND NOT pgmb.valid_time(m.expires_at) THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_times_valid: expires_at % is not a time pgmb stores (finite, from the year 1 to the year 9999, UTC)',
+                        m.id, m.expires_at
+            USING ERRCODE = 'check_violation', TABLE = 'pgmb_message',
+                  CONSTRAINT = 'pgmb_message_times_valid';
+    END IF;
+END $$;
+
+-- Before each message with options, or with times pgmb.valid_time rejects, is stored (the
+-- admit_message trigger's WHEN): refuses such times (pgmb.refuse_times), enforces the options rule (as the check pgmb_message_options_valid,
+-- with that name), refuses unknown dependencies (to a caller that may read messages; to
+-- any other, a dependency on a message it did not publish counts as settled and is left
+-- out, so that it cannot probe for ids: docs/decisions/0055-dependencies-on-own-messages.md),
+-- and returns NULL (the row is not stored)
+-- for a message that duplicates one for every queue its routing key matches
+-- (pgmb.duplicated; the candidate queues found by their tags). A message that
+-- duplicates for some of its queues only is stored, and the routing trigger leaves those
+-- queues out. Rows published earlier in the same statement are visible here.
+CREATE OR REPLACE FUNCTION pgmb.admit_message(m pgmb_message) RETURNS pgmb_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    missing uuid;
+    created timestamptz := coalesce(m.created_at, now());
+    problem text := pgmb.message_options_problem(m.id, m.priority, m.group_key, m.depends_on,
+                                                 m.dedup_id, m.max_retries, m.retry_delay);
+BEGIN
+    -- Its times (the trigger's WHEN lets in a message without options for them).
+    IF NOT (pgmb.valid_time(m.created_at) AND pgmb.valid_time(m.available_at)) THEN
+        PERFORM pgmb.refuse_times('pgmb_message', m.id::text, m.created_at, m.available_at);
+    END IF;
+    PERFORM pgmb.refuse_expiry(m);
+    -- The options rule, reported as a check violation of pgmb_message_options_valid.
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_options_valid';
+    END IF;
+    IF m.depends_on IS NOT NULL AND NOT pgmb.caller_sees_messages() THEN
+        -- Whether another role's message exists, or is pending, is not this caller's to
+        -- learn: its message waits only for its own (a role's messages carry its name).
+        m.depends_on := nullif(ARRAY(SELECT dep FROM unnest(m.depends_on) AS dep
+                                     WHERE EXISTS (SELECT FROM pgmb_message x
+                                                   WHERE x.id = dep AND x.producer = m.producer)), '{}');
+    END IF;
+    IF m.depends_on IS NOT NULL THEN
+        SELECT dep INTO missing FROM unnest(m.depends_on) AS dep
+        WHERE NOT EXISTS (SELECT FROM pgmb_message x WHERE x.id = dep) LIMIT 1;
+        -- Only to a caller that may read messages: to any other, a dependency that does not
+        -- exist is one that was settled and archived, so that it cannot probe for ids
+        -- (docs/decisions/0039-refusals-tell-nothing.md).
+        IF FOUND AND pgmb.caller_sees_messages() THEN
+            RAISE EXCEPTION 'message % depends on message %, which does not exist', m.id, missing
+                USING ERRCODE = 'foreign_key_violation',
+                      HINT = 'Publish the messages it depends on first (earlier in the same batch is fine).';
+        END IF;
+    END IF;
+    IF m.dedup_id IS NOT NULL THEN
+        -- Concurrent publishers of one dedup id take turns; the second sees the first.
+        PERFORM pg_advisory_xact_lock(hashtextextended('pgmb dedup ' || m.dedup_id, 0));
+        IF EXISTS (SELECT FROM pgmb_queue q
+                   WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern)
+           AND NOT EXISTS (SELECT FROM pgmb_queue q
+                           WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
+                             AND NOT EXISTS (SELECT FROM pgmb.duplicated(q.dedup_window, q.pattern, m.id,
+                                                                         m.dedup_id, created, m.producer))) THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN m;
+END $$;
+
+-- pgmb.send with an expiry (docs/delivery.md, Expiry): ttl, seconds from now, or expires_at,
+-- a time (one of the two, or neither: NULL), then the options of the pgmb.send above. A
+-- delivery not posted (or read) by then expires, as by its queue's message_ttl (the earlier
+-- of the two holds). ttl has no default, so that a call of the form above never reaches this
+-- one (a sixth argument of type integer, a priority, matches that form exactly): name it,
+-- `pgmb.send(id, key, body, headers, NULL, ttl => 30)` or `..., ttl => NULL, expires_at =>
+-- '2030-01-01Z')`. The same body as above, with the
+-- expiry's rule and column: one more call in the plain form's path would cost every publish.
+CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, ttl double precision, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+DECLARE
+    stored uuid;
+    expiry text := pgmb.expiry_problem(send.ttl, send.expires_at);
+BEGIN
+    -- Access control (access.sql): the inlined test first, pgmb.require only to refuse with its
+    -- message (two SECURITY DEFINER calls cost more than the rest of the checks).
+    IF NOT pgmb.may_publish() THEN
+        PERFORM pgmb.require('publish');
+    END IF;
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'a message id is required' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass gen_random_uuid() for a new id.';
+    END IF;
+    -- The rule inline (a simple expression); pgmb.check_routing_key only to say what is wrong.
+    IF NOT coalesce(pgmb.valid_routing_key(routing_key), false) THEN
+        PERFORM pgmb.check_routing_key(routing_key);
+    END IF;
+    IF body IS NULL THEN
+        RAISE EXCEPTION 'a message body is required (JSON null is ''null''::jsonb)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'message headers must be a JSON object, not %', jsonb_typeof(headers)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A time outside what pgmb stores (pgmb.valid_time, inline): never due, unreadable.
+    IF delay IS NOT NULL AND NOT (delay >= '0001-01-01 00:00:00+00'::timestamptz
+                                  AND delay < '10000-01-01 00:00:00+00'::timestamptz) THEN
+        PERFORM pgmb.check_time(delay);
+    END IF;
+    IF expiry IS NOT NULL THEN
+        RAISE EXCEPTION '%', expiry USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Only with options: the plain calls of the shorter forms skip the call.
+    IF send.priority IS DISTINCT FROM 0 OR send.group_key IS NOT NULL OR send.depends_on IS NOT NULL
+       OR send.dedup_id IS NOT NULL OR send.max_retries IS NOT NULL OR send.retry_delay IS NOT NULL THEN
+        PERFORM pgmb.check_message_options(send.id, send.priority, send.group_key, send.depends_on,
+                                           send.dedup_id, send.max_retries, send.retry_delay);
+    END IF;
+    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
+                              group_key, depends_on, dedup_id, max_retries, retry_delay, expires_at)
+    VALUES (send.id, send.routing_key, send.body, coalesce(send.headers, '{}'), now(),
+            greatest(coalesce(send.delay, now()), now()), send.priority, send.group_key,
+            send.depends_on, send.dedup_id, send.max_retries, send.retry_delay,
+            coalesce(send.expires_at, now() + send.ttl * interval '1 second'))
+    -- A taken id is found by the insert itself: no probe of the key before it. No row comes
+    -- back for a taken id or for a duplicate that pgmb.admit_message dropped.
+    ON CONFLICT ON CONSTRAINT pgmb_message_pkey DO NOTHING
+    RETURNING pgmb_message.id INTO stored;
+    IF stored IS NOT NULL THEN
+        RETURN stored;
+    END IF;
+    -- Nothing stored: the id is taken, or the message duplicates one for every queue. A
+    -- caller that may not read messages is told neither, nor another message's id: it gets
+    -- the id it sent, as if stored, and a resent message is not stored twice
+    -- (docs/decisions/0039-refusals-tell-nothing.md).
+    IF NOT pgmb.caller_sees_messages() THEN
+        RETURN send.id;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
+        RAISE EXCEPTION 'message % already exists', send.id
+            USING ERRCODE = 'unique_violation',
+                  HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
+    END IF;
+    RETURN pgmb.deduplicated(send.dedup_id, send.routing_key);
+END $$;
+
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, float8, timestamptz, integer, text, uuid[], text, integer, float8)'
+]);
+-- The producer API, open as the other pgmb.send forms (it checks pgmb_producer, access.sql),
+-- its grants in the order a new install gives them (PUBLIC's, then pgmb_admin's).
+DO $$
+DECLARE
+    f constant text := 'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, float8, timestamptz, integer, text, uuid[], text, integer, float8)';
+BEGIN
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_admin') THEN
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM pgmb_admin', f);
+    END IF;
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_admin') THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgmb_admin', f);
+    END IF;
+END $$;
+-- The rule and the sweep, closed as every function of pgmb's but the reviewed list.
+
+-- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
+-- first (priority, due time, publish order), within each worker's rate limit and circuit
+-- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
+-- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
+-- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
+-- pages), a plan would otherwise read the whole table. Rows are found through the primary
+-- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
+-- order picked. With those scans and sorts off, each of these functions' statements has
+-- one plan whatever the statistics say or how many ids a call passes, so each keeps one
+-- generic plan a session (plan_cache_mode): planned at every call, a claim would spend half
+-- its CPU planning, a start or an ack of one delivery (the in-database loop's) a third;
+-- a claim of one row (a dispatcher woken by one message) is what the latency of a
+-- delivery waits for (tests/sql/test_steady_plans.py reads their plans).
+CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    SET enable_sort = off
+    AS $$
+DECLARE
+    t timestamptz := clock_timestamp();
+    lease uuid := gen_random_uuid();
+    remaining integer := max_count;
+    w record;
+    q uuid;
+    tokens integer;
+    got integer;
+    breaker text;
+    bucket float8;
+    taken integer;
+    picked bigint[];
+    secrets text[];
+    cap integer;
+BEGIN
+    FOR w IN
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids,
+               array_agg(qu.id) FILTER (WHERE qu.fairness_header IS NOT NULL) AS fair_ids
+        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+        WHERE NOT qu.paused AND wk.active
+          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
+          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
+          -- if not, one probe per further priority (pgmb.next_due).
+          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
+                         WHERE d.queue_id = qu.id AND d.state = 'ready'
+                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
+                   ELSE pgmb.next_due(qu.id, t) <= t END
+        GROUP BY wk.id
+        ORDER BY random()
+    LOOP
+        EXIT WHEN remaining <= 0;
+        -- The bucket is the worker row. If another claim holds it right now, that claim is
+        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
+        -- written once below, less what was taken.
+        SELECT least(greatest(1, wk.rps * wk.burst),
+                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
+               wk.breaker_state,
+               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
+               pgmb.signing_secrets(wk.secret, wk.id, t),
+               wk.max_in_flight
+        INTO bucket, breaker, secrets, cap
+        FROM pgmb_worker wk WHERE wk.id = w.id
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        tokens := least(floor(bucket)::integer, remaining);
+        -- A cap on requests in flight: only a capped worker counts its leases (pgmb.free_slots).
+        IF cap IS NOT NULL THEN tokens := least(tokens, pgmb.free_slots(w.id, cap, t)); END IF;
+        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
+        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
+        taken := 0;
+        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
+        FOREACH q IN ARRAY w.queue_ids LOOP
+            EXIT WHEN tokens <= 0;
+            -- A queue with a fairness header takes its keys in turn (fairness.sql); the
+            -- others, the pick below as it stands.
+            IF q = ANY (w.fair_ids) THEN
+                picked := pgmb.fair_pick(q, tokens, t);
+            ELSE
+                -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the
+                -- rows picked are then found by primary key, whatever the planner thinks of
+                -- the table.
+                picked := ARRAY(
+                    SELECT d.id FROM pgmb_delivery d
+                    WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                      AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
+                    ORDER BY d.priority, d.available_at, d.id
+                    LIMIT tokens
+                    FOR NO KEY UPDATE SKIP LOCKED);
+            END IF;
+            CONTINUE WHEN cardinality(picked) = 0;
+            RETURN QUERY
+            WITH leased AS (
+                -- The attempt is counted now and handed back if the lease expires unstarted.
+                UPDATE pgmb_delivery d
+                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
+                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
+                FROM pgmb_queue qu
+                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
+                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
+                          d.message_id, qu.lease_seconds
+            )
+            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
+                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
+                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
+            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
+            JOIN leased l ON l.id = p.id
+            JOIN pgmb_message m ON m.id = l.message_id
+            JOIN pgmb_worker wk ON wk.id = w.id
+            -- In the order picked.
+            ORDER BY p.n;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            tokens := tokens - got;
+            remaining := remaining - got;
+            taken := taken + got;
+        END LOOP;
+        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
+    END LOOP;
+END $$;
+
+-- Deliveries whose time to live ran out before they were posted or read (ready, delayed or
+-- waiting; a leased one, or a pull queue's message read and not yet visible again, is left
+-- to its outcome, and expires here if that is a retry or it becomes visible again):
+-- deleted, and dead-lettered with an error that says so unless their queue drops expired
+-- messages (on_expiry 'drop'). Each writes a history row with outcome 'ttl' (no request was
+-- made; the dashboard's "expired (TTL)"). Their removal releases the deliveries waiting
+-- behind them, as an ack or a dead letter does (the AFTER DELETE trigger). Called where
+-- pgmb.reclaim_expired is, by both dispatch paths and housekeeping; claims and reads skip
+-- expired rows meanwhile. Returns how many expired.
+CREATE OR REPLACE FUNCTION pgmb.expire(max_count integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    -- Where an expiry is decided (docs/decisions/0083-expiry.md): the place to emit the
+    -- operational event pgmb.expired, one per row of `gone`.
+    WITH due AS (
+        SELECT d.id FROM pgmb_delivery d
+        WHERE d.expires_at <= clock_timestamp() AND d.state <> 'leased'
+          AND NOT (d.attempts > 0 AND d.available_at > clock_timestamp()
+                   AND EXISTS (SELECT FROM pgmb_queue q WHERE q.id = d.queue_id AND q.worker_id IS NULL))
+        ORDER BY d.expires_at
+        LIMIT max_count
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM pgmb_delivery d USING due WHERE d.id = due.id
+        RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                  format('expired: its time to live ran out at %s, before it was delivered',
+                         d.expires_at) AS error
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT g.message_id, g.queue_id, g.attempts, g.last_status, g.error, clock_timestamp()
+        FROM gone g JOIN pgmb_queue q ON q.id = g.queue_id
+        WHERE q.on_expiry = 'dead_letter'
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT g.message_id, g.queue_id, g.attempts, 'ttl', NULL, NULL, g.error, clock_timestamp()
+        FROM gone g
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO n FROM history;
+    RETURN n;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION pgmb.expiry_problem(float8, timestamptz), pgmb.refuse_expiry(pgmb_message),
+    pgmb.expire(integer) FROM PUBLIC;
+
+-- Reads up to qty visible messages of a pull queue and hides them for vt seconds (PGMQ's
+-- read); `filter` keeps those whose body contains it. The update and the dead-lettering find
+-- their rows by primary key (id = ANY (ARRAY(...))), whatever the estimate, so the function
+-- uses its generic plan (the settings at the end of this file): planning the statement at
+-- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md). The statement's rows
+-- go straight to the caller (RETURN QUERY), not through an array
+-- (docs/decisions/0064-a-read-returns-its-rows-from-the-statement.md).
+CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- First, before any expression a planted operator could match (tables.sql).
+    closed boolean := pgmb.refuse_writable_schemas();
+    q record;
+    t timestamptz := clock_timestamp();
+    -- Visible: due at or before upto (t, then see the end of the loop).
+    upto timestamptz := t;
+    body_filter jsonb := filter -> 'body';
+    headers_filter jsonb := filter -> 'headers';
+    remaining integer := qty;
+    got integer;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_args(vt, qty, filter);
+    IF q.paused THEN
+        RETURN;
+    END IF;
+    LOOP
+        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
+        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
+        -- statement, as pgmb.settle_failures does with push failures; the statement then
+        -- sets pgmb.read_buried (for this transaction), which the caller cannot see in its
+        -- rows.
+        RETURN QUERY
+        WITH picked AS (
+            -- A first read cannot be the last one: only a delivery read before looks up its
+            -- message's own max_retries.
+            SELECT d.id, d.available_at AS was, lim.max_retries,
+                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
+            FROM pgmb_delivery d
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN d.attempts = 0 THEN NULL
+                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
+                                          q.max_retries) END AS max_retries
+            ) AS lim
+            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= upto
+              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
+              AND (filter IS NULL
+                   OR EXISTS (SELECT 1 FROM pgmb_message m
+                              WHERE m.id = d.message_id
+                                AND (body_filter IS NULL OR m.body @> body_filter)
+                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
+            ORDER BY d.priority, d.available_at, d.id
+            LIMIT remaining
+            FOR UPDATE OF d SKIP LOCKED
+        ), dead AS (
+            DELETE FROM pgmb_delivery d
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
+            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
+                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error,
+                      set_config('pgmb.read_buried', 'yes', true) AS buried
+        ), dead_letters AS (
+            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
+            FROM dead x
+            ON CONFLICT (message_id, queue_id) DO UPDATE
+            SET attempts = excluded.attempts, last_status = excluded.last_status,
+                last_error = excluded.last_error, created_at = excluded.created_at
+        ), history AS (
+            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
+            FROM dead x WHERE x.buried IS NOT NULL
+        ), r AS (
+            UPDATE pgmb_delivery d
+            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
+        )
+        SELECT r.id, r.message_id, r.attempts, r.created_at, r.available_at,
+               m.body, m.headers, m.routing_key::text
+        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id
+        ORDER BY r.priority, p.was, r.id;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        remaining := remaining - got;
+        -- Only dead-lettered rows make room for more in the same read (rare: a full read,
+        -- the common case, never looks).
+        EXIT WHEN remaining <= 0 OR current_setting('pgmb.read_buried', true) IS DISTINCT FROM 'yes';
+        PERFORM set_config('pgmb.read_buried', '', true);
+        -- The rows just read are due at t + vt: with a timeout that rounds to nothing they
+        -- are due at t, and must not be read twice.
+        IF t + make_interval(secs => vt) <= t THEN
+            upto := t - interval '1 microsecond';
+        END IF;
+    END LOOP;
+END $$;
+
+-- pgmb.read acts for its caller and keeps its planner settings (both are the function's
+-- own, which CREATE OR REPLACE resets; pull.sql).
+SELECT pgmb.pin_definers(ARRAY['pgmb.read(text, double precision, integer, jsonb)']);
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
+
+-- Step "reclaim": hands back the leases that ran out (dispatchers that died), and settles
+-- the deliveries whose time to live ran out (pgmb.expire); returns when the next is due.
+CREATE OR REPLACE FUNCTION pgmb.loop_reclaim() RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+BEGIN
+    BEGIN
+        PERFORM pgmb.reclaim_expired();
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+    END;
+    BEGIN
+        PERFORM pgmb.expire();
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not expire deliveries: %', SQLERRM;
+    END;
+    RETURN clock_timestamp() + pgmb.indb_reclaim_interval();
+END $$;
+
+-- Housekeeping for the pg_cron path: expired leases, expired deliveries (pgmb.expire),
+-- pg_cron's own run log, the rows
+-- of dispatchers stopped or gone for longer than `keep`, expired retiring secrets, and
+-- the history's days ahead (pgmb.premake_history, history.sql).
+CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    reclaimed integer := pgmb.reclaim_expired(10000);
+BEGIN
+    IF to_regclass('cron.job_run_details') IS NOT NULL THEN
+        EXECUTE 'DELETE FROM cron.job_run_details WHERE end_time < now() - $1' USING keep;
+    END IF;
+    DELETE FROM pgmb_dispatcher d
+    WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
+      AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
+    PERFORM pgmb.expire(10000);
+    PERFORM pgmb.forget_expired_secrets();
+    PERFORM pgmb.premake_history();
+    RETURN reclaimed;
+END $$;
+
+-- Per worker, over the requests of its queues (not 'unsent' or 'ttl' history rows: no
+-- request was made): the last hour through the index on created_at, the last success through
+-- pgmb_attempt_acked, the last error and the failures since the last success through a
+-- look-back of at most 24 hours.
+CREATE OR REPLACE FUNCTION pgmb.worker_metrics() RETURNS SETOF pgmb.worker_metrics
+LANGUAGE sql STABLE AS $$
+    SELECT w.name::text,
+           w.active,
+           coalesce(h.requests, 0),
+           coalesce(h.successes, 0),
+           h.successes::float8 / nullif(h.requests, 0),
+           h.p95,
+           s.at,
+           e.status_code,
+           e.error,
+           e.created_at,
+           coalesce(f.n, 0),
+           now()
+    FROM pgmb_worker w
+    LEFT JOIN (
+        SELECT q.worker_id,
+               count(*) AS requests,
+               count(*) FILTER (WHERE a.outcome = 'ack') AS successes,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE a.created_at > now() - interval '1 hour' AND a.outcome NOT IN ('unsent', 'ttl')
+        GROUP BY q.worker_id
+    ) h ON h.worker_id = w.id
+    LEFT JOIN LATERAL (
+        SELECT max(a.created_at) AS at
+        FROM pgmb_queue q
+        CROSS JOIN LATERAL (
+            SELECT a.created_at FROM pgmb_attempt a
+            WHERE a.queue_id = q.id AND a.outcome = 'ack'
+            ORDER BY a.created_at DESC LIMIT 1
+        ) a
+        WHERE q.worker_id = w.id
+    ) s ON true
+    LEFT JOIN LATERAL (
+        SELECT a.status_code, a.error, a.created_at
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl')
+          AND a.created_at > now() - interval '24 hours'
+        ORDER BY a.created_at DESC, a.id DESC LIMIT 1
+    ) e ON true
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS n
+        FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl')
+          AND a.created_at > greatest(s.at, now() - interval '24 hours')
+    ) f ON true
+    ORDER BY w.name
+$$;
+
+-- Every queue's metrics, by name. An SQL function PostgreSQL inlines: a condition on
+-- queue_name reaches the scan of pgmb_queue, and each queue's deliveries are read through
+-- the partial index of its ready rows (pgmb_delivery_due); leased and waiting rows (few),
+-- and the last hour's attempts, are read once for all queues. 'unsent' and 'ttl' history
+-- rows (no request was made) are not failures, and an archived message is neither delivered
+-- nor failed.
+CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT q.name::text,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0),
+           r.due,
+           extract(epoch FROM now() - greatest(r.newest, l.newest))::float8,
+           extract(epoch FROM now() - r.oldest_due)::float8,
+           r.n + coalesce(l.n, 0) + coalesce(l.waiting, 0) + x.n + a.n,
+           coalesce(l.n, 0),
+           r.retrying,
+           x.n,
+           coalesce(h.delivered, 0),
+           coalesce(h.failed, 0),
+           q.paused,
+           now()
+    FROM pgmb_queue q
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n,
+               count(*) FILTER (WHERE d.available_at <= now()) AS due,
+               count(*) FILTER (WHERE d.attempts > 0) AS retrying,
+               max(d.created_at) AS newest,
+               min(d.created_at) FILTER (WHERE d.available_at <= now()) AS oldest_due
+        FROM pgmb_delivery d WHERE d.queue_id = q.id AND d.state = 'ready'
+    ) r
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM pgmb_dead_letter x WHERE x.queue_id = q.id) x
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM pgmb_attempt a WHERE a.queue_id = q.id AND a.outcome = 'ack'
+    ) a
+    LEFT JOIN (
+        SELECT d.queue_id, count(*) FILTER (WHERE d.state = 'leased') AS n,
+               count(*) FILTER (WHERE d.state = 'waiting') AS waiting,
+               max(d.created_at) AS newest
+        FROM pgmb_delivery d WHERE d.state = 'leased' OR d.state = 'waiting' GROUP BY d.queue_id
+    ) l ON l.queue_id = q.id
+    LEFT JOIN (
+        SELECT a.queue_id,
+               count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
+               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl')) AS failed
+        FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
+    ) h ON h.queue_id = q.id
+    ORDER BY q.name
+$$;

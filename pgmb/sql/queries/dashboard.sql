@@ -33,13 +33,16 @@ WITH bounds AS NOT MATERIALIZED (
 ), outcomes AS (
     SELECT r.at,
            count(*) FILTER (WHERE r.outcome = 'ack') AS delivered,
-           count(*) FILTER (WHERE r.outcome NOT IN ('ack', 'unsent', 'archived')) AS failed,
+           count(*) FILTER (WHERE r.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl')) AS failed,
            count(*) FILTER (WHERE r.outcome = 'dead') AS dead_lettered,
+           -- Deliveries whose time to live ran out unposted (pgmb.expire): no attempt.
+           count(*) FILTER (WHERE r.outcome = 'ttl') AS expired_ttl,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY r.duration_ms) AS latency_p50_ms,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY r.duration_ms) AS latency_p95_ms
     FROM recent r GROUP BY r.at
 ), finished AS (
-    -- Deliveries that left the queue within the hour (acknowledged or dead-lettered), and
+    -- Deliveries that left the queue within the hour (acknowledged, dead-lettered or
+    -- expired by their time to live), and
     -- when they had entered it: routing copies the message's time to its first delivery;
     -- a later one (requeued, replayed: an earlier ack or dead attempt exists) is taken to
     -- have entered at its first attempt, the creation of a delivery being kept nowhere
@@ -53,13 +56,13 @@ WITH bounds AS NOT MATERIALIZED (
     FROM recent r
     CROSS JOIN bounds b
     CROSS JOIN LATERAL (
-        SELECT coalesce(bool_or(p.outcome IN ('ack', 'dead') AND p.id <> r.id), false) AS again,
+        SELECT coalesce(bool_or(p.outcome IN ('ack', 'dead', 'ttl') AND p.id <> r.id), false) AS again,
                max(p.created_at) FILTER (WHERE p.attempt = 1) AS first_try
         FROM pgmb_attempt p
         WHERE p.message_id = r.message_id AND p.queue_id = r.queue_id
           AND p.created_at <= r.created_at
     ) e
-    WHERE r.outcome IN ('ack', 'dead')
+    WHERE r.outcome IN ('ack', 'dead', 'ttl')
 ), depth_changes AS (
     -- Depth at the end of a minute = live deliveries that had entered by then + finished
     -- ones that had entered and not yet left: a running sum of these changes.
@@ -97,6 +100,7 @@ SELECT m.at,
        coalesce(o.delivered, 0) AS delivered,
        coalesce(o.failed, 0) AS failed,
        coalesce(o.dead_lettered, 0) AS dead_lettered,
+       coalesce(o.expired_ttl, 0) AS expired_ttl,
        o.latency_p50_ms,
        o.latency_p95_ms,
        (sum(coalesce(d.n, 0)) OVER (ORDER BY m.at))::bigint AS depth,

@@ -44,6 +44,9 @@ SELECT pgmb.release(delivery_ids => %(ids)s, lease_ids => %(lease_ids)s)
 -- name: reclaim_expired
 SELECT pgmb.reclaim_expired(max_count => %(limit)s)
 
+-- name: expire
+SELECT pgmb.expire(max_count => %(limit)s)
+
 -- name: requeue
 SELECT pgmb.requeue(dead_letter_ids => %(ids)s)
 

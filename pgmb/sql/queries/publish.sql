@@ -8,10 +8,11 @@
 
 -- name: send
 INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
-                          group_key, depends_on, dedup_id, max_retries, retry_delay)
+                          group_key, depends_on, dedup_id, max_retries, retry_delay, expires_at)
 VALUES (%s, %s, %s::jsonb, %s::jsonb, now(),
         greatest(now(), coalesce(%s::timestamptz, now() + coalesce(%s::float8, 0) * interval '1 second')),
-        %s, %s, %s::uuid[], %s, %s, %s::float8)
+        %s, %s, %s::uuid[], %s, %s, %s::float8,
+        coalesce(%s::timestamptz, now() + %s::float8 * interval '1 second'))
 RETURNING id
 
 -- name: deduplicated
@@ -22,12 +23,14 @@ SELECT id FROM pgmb.unrouted(%s::uuid[]) AS id
 
 -- name: send_batch
 INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
-                          group_key, depends_on, dedup_id, max_retries, retry_delay)
+                          group_key, depends_on, dedup_id, max_retries, retry_delay, expires_at)
 SELECT id, routing_key, body, headers, now(),
        greatest(now(), coalesce(at, now() + coalesce(seconds, 0) * interval '1 second')),
-       priority, group_key, depends_on::uuid[], dedup_id, max_retries, retry_delay
+       priority, group_key, depends_on::uuid[], dedup_id, max_retries, retry_delay,
+       coalesce(expires_at, now() + ttl * interval '1 second')
 FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::jsonb[], %s::timestamptz[], %s::float8[],
-            %s::smallint[], %s::text[], %s::text[], %s::text[], %s::integer[], %s::float8[])
+            %s::smallint[], %s::text[], %s::text[], %s::text[], %s::integer[], %s::float8[],
+            %s::float8[], %s::timestamptz[])
      AS t(id, routing_key, body, headers, at, seconds, priority, group_key, depends_on, dedup_id,
-          max_retries, retry_delay)
+          max_retries, retry_delay, ttl, expires_at)
 RETURNING id

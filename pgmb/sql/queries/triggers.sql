@@ -36,21 +36,25 @@ WHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.b
 -- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications
 -- in a transaction are merged).
 -- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.
--- A queue with a fairness header gets the header's value as the key (fairness.sql).
+-- A queue with a fairness header gets the header's value as the key (fairness.sql). Its
+-- expiry is the earlier of its message's and its queue's message_ttl after publication
+-- (least() skips NULLs: neither set, none).
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
-                           priority, group_key, depends_on, fair_key)
+                           priority, group_key, depends_on, fair_key, expires_at)
 SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,
-       m.depends_on, pgmb.delivery_fair_key(r.fairness_header, m.headers)
+       m.depends_on, pgmb.delivery_fair_key(r.fairness_header, m.headers),
+       least(m.expires_at, m.created_at + r.message_ttl * interval '1 second')
 -- Each message's place in the statement: deliveries are inserted in publish order, which
 -- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return
 -- them in any order.
 FROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,
-             n.depends_on, n.dedup_id, n.headers, row_number() OVER () AS place
+             n.depends_on, n.dedup_id, n.headers, n.expires_at, row_number() OVER () AS place
       FROM new_messages AS n) AS m
 -- The queues of each distinct key, decided once per key: a batch's messages mostly
 -- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which
 -- would compute the key's tags and test the queues once per message again.
-JOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern, q.fairness_header
+JOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern, q.fairness_header,
+             q.message_ttl
       FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k
       -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step
       -- of its own, where inlined into the join condition a scan of a few queues would
@@ -115,6 +119,7 @@ RETURN NEW;
 
 -- name: check_message_times
 -- Only a row with a time pgmb.valid_time rejects gets here (the trigger's WHEN).
+PERFORM pgmb.refuse_expiry(NEW);
 PERFORM pgmb.refuse_times('pgmb_message', NEW.id::text, NEW.created_at, NEW.available_at);
 RETURN NEW;
 

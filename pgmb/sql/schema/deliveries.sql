@@ -206,6 +206,7 @@ BEGIN
                 picked := ARRAY(
                     SELECT d.id FROM pgmb_delivery d
                     WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                      AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
                     ORDER BY d.priority, d.available_at, d.id
                     LIMIT tokens
                     FOR NO KEY UPDATE SKIP LOCKED);
@@ -432,6 +433,55 @@ BEGIN
     END IF;
     RETURN returned + pgmb.settle_failures(counted_ids, counted_leases, NULL, counted_errors,
                                            NULL, NULL, 'expired');
+END $$;
+
+-- Deliveries whose time to live ran out before they were posted or read (ready, delayed or
+-- waiting; a leased one, or a pull queue's message read and not yet visible again, is left
+-- to its outcome, and expires here if that is a retry or it becomes visible again):
+-- deleted, and dead-lettered with an error that says so unless their queue drops expired
+-- messages (on_expiry 'drop'). Each writes a history row with outcome 'ttl' (no request was
+-- made; the dashboard's "expired (TTL)"). Their removal releases the deliveries waiting
+-- behind them, as an ack or a dead letter does (the AFTER DELETE trigger). Called where
+-- pgmb.reclaim_expired is, by both dispatch paths and housekeeping; claims and reads skip
+-- expired rows meanwhile. Returns how many expired.
+CREATE OR REPLACE FUNCTION pgmb.expire(max_count integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    -- Where an expiry is decided (docs/decisions/0083-expiry.md): the place to emit the
+    -- operational event pgmb.expired, one per row of `gone`.
+    WITH due AS (
+        SELECT d.id FROM pgmb_delivery d
+        WHERE d.expires_at <= clock_timestamp() AND d.state <> 'leased'
+          AND NOT (d.attempts > 0 AND d.available_at > clock_timestamp()
+                   AND EXISTS (SELECT FROM pgmb_queue q WHERE q.id = d.queue_id AND q.worker_id IS NULL))
+        ORDER BY d.expires_at
+        LIMIT max_count
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM pgmb_delivery d USING due WHERE d.id = due.id
+        RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                  format('expired: its time to live ran out at %s, before it was delivered',
+                         d.expires_at) AS error
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT g.message_id, g.queue_id, g.attempts, g.last_status, g.error, clock_timestamp()
+        FROM gone g JOIN pgmb_queue q ON q.id = g.queue_id
+        WHERE q.on_expiry = 'dead_letter'
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT g.message_id, g.queue_id, g.attempts, 'ttl', NULL, NULL, g.error, clock_timestamp()
+        FROM gone g
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO n FROM history;
+    RETURN n;
 END $$;
 
 -- Dead letters back to their queue: attempts start again, due now, with the message's

@@ -51,7 +51,8 @@ LANGUAGE sql AS $$
     SELECT EXISTS (SELECT FROM beat)
 $$;
 
--- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, the rows
+-- Housekeeping for the pg_cron path: expired leases, expired deliveries (pgmb.expire),
+-- pg_cron's own run log, the rows
 -- of dispatchers stopped or gone for longer than `keep`, expired retiring secrets, and
 -- the history's days ahead (pgmb.premake_history, history.sql).
 CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
@@ -65,6 +66,7 @@ BEGIN
     DELETE FROM pgmb_dispatcher d
     WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
       AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
+    PERFORM pgmb.expire(10000);
     PERFORM pgmb.forget_expired_secrets();
     PERFORM pgmb.premake_history();
     RETURN reclaimed;

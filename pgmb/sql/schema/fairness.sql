@@ -195,7 +195,8 @@ BEGIN
         SELECT k.key FROM pgmb.fair_key k
         WHERE k.queue_id = q
           AND EXISTS (SELECT FROM pgmb_delivery d
-                      WHERE d.queue_id = q AND d.fair_key = k.key AND d.state = 'ready' AND d.available_at <= t)
+                      WHERE d.queue_id = q AND d.fair_key = k.key AND d.state = 'ready' AND d.available_at <= t
+                        AND (d.expires_at IS NULL OR d.expires_at > t))
         ORDER BY k.served_at NULLS FIRST, k.key
         LIMIT wanted
         FOR UPDATE OF k SKIP LOCKED);
@@ -215,6 +216,7 @@ BEGIN
                (SELECT count(*) FROM (SELECT FROM pgmb_delivery d
                                       WHERE d.queue_id = q AND d.fair_key = k.key AND d.state = 'ready'
                                         AND d.available_at <= t
+                                        AND (d.expires_at IS NULL OR d.expires_at > t)
                                       LIMIT wanted + 1) AS due))::integer ORDER BY u.n),
            array_agg(b.bucket ORDER BY u.n)
     INTO weights, credits, allowed, buckets
@@ -254,6 +256,7 @@ BEGIN
         part := ARRAY(
             SELECT d.id FROM pgmb_delivery d
             WHERE d.queue_id = q AND d.fair_key = keys[i] AND d.state = 'ready' AND d.available_at <= t
+              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
             ORDER BY d.priority, d.available_at, d.id
             LIMIT given[i]
             FOR NO KEY UPDATE SKIP LOCKED);

@@ -440,8 +440,8 @@ EXCEPTION WHEN others THEN
     RETURN NULL;
 END $$;
 
--- Step "reclaim": hands back the leases that ran out (dispatchers that died); returns when
--- the next reclaim is due.
+-- Step "reclaim": hands back the leases that ran out (dispatchers that died), and settles
+-- the deliveries whose time to live ran out (pgmb.expire); returns when the next is due.
 CREATE OR REPLACE FUNCTION pgmb.loop_reclaim() RETURNS timestamptz
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -449,6 +449,11 @@ BEGIN
         PERFORM pgmb.reclaim_expired();
     EXCEPTION WHEN others THEN
         RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+    END;
+    BEGIN
+        PERFORM pgmb.expire();
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not expire deliveries: %', SQLERRM;
     END;
     RETURN clock_timestamp() + pgmb.indb_reclaim_interval();
 END $$;

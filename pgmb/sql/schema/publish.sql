@@ -66,6 +66,25 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- Why a message's expiry is refused, or NULL: the rule of pgmb.options.check_expiry in
+-- Python (tests/rules, one table of cases for both). A ttl (seconds from publication) or an
+-- expires_at, not both; a ttl positive, finite and ending before the year 10000; an
+-- expires_at a time pgmb stores (pgmb.valid_time). A time already past is accepted: the
+-- message expires at once (docs/decisions/0083-expiry.md).
+CREATE OR REPLACE FUNCTION pgmb.expiry_problem(ttl float8, expires_at timestamptz) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN ttl IS NOT NULL AND expires_at IS NOT NULL
+            THEN 'give a message a ttl or an expires_at, not both'
+        WHEN ttl = 'NaN'::float8 OR ttl IN ('Infinity'::float8, '-Infinity'::float8) OR ttl <= 0
+            THEN format('invalid ttl %s: it must be a positive, finite number of seconds', ttl)
+        WHEN ttl >= extract(epoch FROM timestamptz '10000-01-01 00:00:00+00' - now())::float8
+            THEN format('invalid ttl %s: too long (past the year 9999)', ttl)
+        WHEN NOT pgmb.valid_time(expires_at)
+            THEN format('invalid expires_at %s: a time must be finite, from the year 1 to the year 9999 (UTC)', expires_at)
+    END
+$$;
+
 -- Raises the problem pgmb.message_options_problem finds in a message's options (as
 -- invalid_parameter_value); true otherwise.
 CREATE OR REPLACE FUNCTION pgmb.check_message_options(
@@ -187,6 +206,21 @@ BEGIN
         USING ERRCODE = 'check_violation', TABLE = table_name, CONSTRAINT = table_name || '_times_valid';
 END $$;
 
+-- The refusal of a message whose expires_at pgmb.valid_time rejects (an infinite one would
+-- never expire, as NULL, but no Python client could read the row), raised as a CHECK
+-- violation of pgmb_message_times_valid as pgmb.refuse_times does; nothing otherwise.
+-- Called by pgmb.admit_message and, for an UPDATE, by the check_message_times trigger.
+CREATE OR REPLACE FUNCTION pgmb.refuse_expiry(m pgmb_message) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF m.expires_at IS NOT NULL AND NOT pgmb.valid_time(m.expires_at) THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_times_valid: expires_at % is not a time pgmb stores (finite, from the year 1 to the year 9999, UTC)',
+                        m.id, m.expires_at
+            USING ERRCODE = 'check_violation', TABLE = 'pgmb_message',
+                  CONSTRAINT = 'pgmb_message_times_valid';
+    END IF;
+END $$;
+
 -- The messages that a message with this dedup id, created then by this producer, duplicates
 -- for a queue of this dedup window and pattern: those of the same producing role with the
 -- same dedup id, created within the window, whose routing key the queue's binding matches.
@@ -257,6 +291,7 @@ BEGIN
     IF NOT (pgmb.valid_time(m.created_at) AND pgmb.valid_time(m.available_at)) THEN
         PERFORM pgmb.refuse_times('pgmb_message', m.id::text, m.created_at, m.available_at);
     END IF;
+    PERFORM pgmb.refuse_expiry(m);
     -- The options rule, reported as a check violation of pgmb_message_options_valid.
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'message % refused by pgmb_message_options_valid: %', m.id, problem
@@ -472,6 +507,85 @@ BEGIN
     RETURN pgmb.deduplicated(send.dedup_id, send.routing_key);
 END $$;
 
+-- pgmb.send with an expiry (docs/delivery.md, Expiry): ttl, seconds from now, or expires_at,
+-- a time (one of the two, or neither: NULL), then the options of the pgmb.send above. A
+-- delivery not posted (or read) by then expires, as by its queue's message_ttl (the earlier
+-- of the two holds). ttl has no default, so that a call of the form above never reaches this
+-- one (a sixth argument of type integer, a priority, matches that form exactly): name it,
+-- `pgmb.send(id, key, body, headers, NULL, ttl => 30)` or `..., ttl => NULL, expires_at =>
+-- '2030-01-01Z')`. The same body as above, with the
+-- expiry's rule and column: one more call in the plain form's path would cost every publish.
+CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay timestamp with time zone, ttl double precision, expires_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT 0, group_key text DEFAULT NULL::text, depends_on uuid[] DEFAULT NULL::uuid[], dedup_id text DEFAULT NULL::text, max_retries integer DEFAULT NULL::integer, retry_delay double precision DEFAULT NULL::double precision) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+DECLARE
+    stored uuid;
+    expiry text := pgmb.expiry_problem(send.ttl, send.expires_at);
+BEGIN
+    -- Access control (access.sql): the inlined test first, pgmb.require only to refuse with its
+    -- message (two SECURITY DEFINER calls cost more than the rest of the checks).
+    IF NOT pgmb.may_publish() THEN
+        PERFORM pgmb.require('publish');
+    END IF;
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'a message id is required' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass gen_random_uuid() for a new id.';
+    END IF;
+    -- The rule inline (a simple expression); pgmb.check_routing_key only to say what is wrong.
+    IF NOT coalesce(pgmb.valid_routing_key(routing_key), false) THEN
+        PERFORM pgmb.check_routing_key(routing_key);
+    END IF;
+    IF body IS NULL THEN
+        RAISE EXCEPTION 'a message body is required (JSON null is ''null''::jsonb)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'message headers must be a JSON object, not %', jsonb_typeof(headers)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A time outside what pgmb stores (pgmb.valid_time, inline): never due, unreadable.
+    IF delay IS NOT NULL AND NOT (delay >= '0001-01-01 00:00:00+00'::timestamptz
+                                  AND delay < '10000-01-01 00:00:00+00'::timestamptz) THEN
+        PERFORM pgmb.check_time(delay);
+    END IF;
+    IF expiry IS NOT NULL THEN
+        RAISE EXCEPTION '%', expiry USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Only with options: the plain calls of the shorter forms skip the call.
+    IF send.priority IS DISTINCT FROM 0 OR send.group_key IS NOT NULL OR send.depends_on IS NOT NULL
+       OR send.dedup_id IS NOT NULL OR send.max_retries IS NOT NULL OR send.retry_delay IS NOT NULL THEN
+        PERFORM pgmb.check_message_options(send.id, send.priority, send.group_key, send.depends_on,
+                                           send.dedup_id, send.max_retries, send.retry_delay);
+    END IF;
+    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
+                              group_key, depends_on, dedup_id, max_retries, retry_delay, expires_at)
+    VALUES (send.id, send.routing_key, send.body, coalesce(send.headers, '{}'), now(),
+            greatest(coalesce(send.delay, now()), now()), send.priority, send.group_key,
+            send.depends_on, send.dedup_id, send.max_retries, send.retry_delay,
+            coalesce(send.expires_at, now() + send.ttl * interval '1 second'))
+    -- A taken id is found by the insert itself: no probe of the key before it. No row comes
+    -- back for a taken id or for a duplicate that pgmb.admit_message dropped.
+    ON CONFLICT ON CONSTRAINT pgmb_message_pkey DO NOTHING
+    RETURNING pgmb_message.id INTO stored;
+    IF stored IS NOT NULL THEN
+        RETURN stored;
+    END IF;
+    -- Nothing stored: the id is taken, or the message duplicates one for every queue. A
+    -- caller that may not read messages is told neither, nor another message's id: it gets
+    -- the id it sent, as if stored, and a resent message is not stored twice
+    -- (docs/decisions/0039-refusals-tell-nothing.md).
+    IF NOT pgmb.caller_sees_messages() THEN
+        RETURN send.id;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send.id) THEN
+        RAISE EXCEPTION 'message % already exists', send.id
+            USING ERRCODE = 'unique_violation',
+                  HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
+    END IF;
+    RETURN pgmb.deduplicated(send.dedup_id, send.routing_key);
+END $$;
+
 -- pgmb.send with a delay in whole seconds (checked by pgmb.check_delay, which only pgmb's
 -- owner and pgmb_admin may call: so it acts for its caller too, and checks it first).
 CREATE OR REPLACE FUNCTION pgmb.send(id uuid, routing_key text, body jsonb, headers jsonb, delay integer)
@@ -601,5 +715,6 @@ AS $$ SELECT pgmb.create(name, binding_key, max_retries, worker_id) $$;
 -- pgmb_producer, no privilege on the tables.
 SELECT pgmb.pin_definers(ARRAY[
     'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8)',
+    'pgmb.send(uuid, text, jsonb, jsonb, timestamptz, float8, timestamptz, integer, text, uuid[], text, integer, float8)',
     'pgmb.send(uuid, text, jsonb, jsonb, integer)'
 ]);

@@ -379,6 +379,7 @@ BEGIN
                                           q.max_retries) END AS max_retries
             ) AS lim
             WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= upto
+              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
               AND (filter IS NULL
                    OR EXISTS (SELECT 1 FROM pgmb_message m
                               WHERE m.id = d.message_id

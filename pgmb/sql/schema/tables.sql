@@ -40,6 +40,15 @@ ALTER TABLE pgmb_queue
     -- Only a pull queue may keep no history (pgmb.check_keep_history, Queue.clean).
     ADD CONSTRAINT pgmb_queue_history_pull_only CHECK (keep_history OR worker_id IS NULL);
 
+-- Expiry (docs/delivery.md, Expiry): a queue's message_ttl, when set, is a positive number of
+-- seconds and at most 30 days as its other durations; an expired delivery is dead-lettered
+-- or dropped (pgmb.expire).
+ALTER TABLE pgmb_queue
+    ADD CONSTRAINT pgmb_queue_message_ttl_valid
+        CHECK (message_ttl > 0 AND message_ttl <= 2592000),
+    ADD CONSTRAINT pgmb_queue_on_expiry_valid
+        CHECK (on_expiry::text = ANY ('{dead_letter,drop}'::text[]));
+
 -- A queue's binding tags (pgmb.binding_tags of its binding key, kept by pgmb.prepare_queue):
 -- the routing trigger takes to the regex only the queues whose tags are all tags of the key,
 -- and with many queues finds them through this GIN index. fastupdate off: a new queue's
@@ -102,6 +111,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS pgmb_queue_view_base ON pgmb_queue (pgmb.view_
 -- A group's members in publish order (its head first); rows without a group are not in it.
 CREATE INDEX IF NOT EXISTS pgmb_delivery_group ON pgmb_delivery (queue_id, group_key, id)
     WHERE group_key IS NOT NULL;
+
+-- Deliveries that expire, by their expiry (pgmb.expire's sweep); rows without one, most,
+-- are not in it and cost no publish anything.
+CREATE INDEX IF NOT EXISTS pgmb_delivery_expiry ON pgmb_delivery (expires_at)
+    WHERE expires_at IS NOT NULL;
 
 -- Waiting deliveries by queue (the admin's queue filter); only waiting rows are in it.
 CREATE INDEX IF NOT EXISTS pgmb_delivery_waiting ON pgmb_delivery (queue_id, id) WHERE state = 'waiting';

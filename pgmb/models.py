@@ -843,10 +843,20 @@ class Delivery(models.Model):
     depends_on = ArrayField(models.UUIDField(), null=True, blank=True, editable=False)
     #: Some waiting delivery depends on this one's message: its removal releases them.
     dependents = models.BooleanField(default=False, db_default=False, editable=False)
+    #: When it was cancelled while leased (``pgmb.cancel``): the outcome of its request in
+    #: flight is recorded as 'canceled' and deletes it, never retried nor dead-lettered.
+    canceled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "pgmb_delivery"
         verbose_name_plural = "deliveries"
+        # Ending or hastening a delivery is not "change" (rows move only through the state
+        # machine): the admin's actions and the pgmb_deliveries command's operators are
+        # granted these (docs/decisions/0084-cancel-and-run-now.md).
+        permissions = [
+            ("cancel_delivery", "Can cancel deliveries"),
+            ("run_delivery", "Can make deliveries due now"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["message", "queue"], name="pgmb_delivery_message_queue")
         ]
@@ -954,6 +964,9 @@ class Attempt(models.Model):
         UNSENT = "unsent", _("lease expired unsent")
         #: A pull queue's message settled by pgmb.archive: consumed, not acknowledged.
         ARCHIVED = "archived", _("archived")
+        #: Ended by pgmb.cancel: removed, or its request's outcome while in flight. Spelled
+        #: to fit the column's 8 characters (docs/decisions/0084-cancel-and-run-now.md).
+        CANCELED = "canceled", _("cancelled")
 
     id = models.BigAutoField(primary_key=True)
     message = models.ForeignKey(

@@ -31,6 +31,8 @@ class Migration(migrations.Migration):
             "pgmb_attempt",
             # Archive by day: pgmb_archive_day's foreign key to it.
             "pgmb_archive_run",
+            # Cancel and run now: the column that marks a delivery cancelled in flight.
+            "pgmb_delivery",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
         # With its default a constant, adding the column writes no row, and 0.1.1's
@@ -141,6 +143,43 @@ class Migration(migrations.Migration):
                     models.UniqueConstraint(fields=("run", "day"), name="pgmb_archive_day_run_day")
                 ],
             },
+        ),
+        # Cancel and run now (docs/decisions/0084-cancel-and-run-now.md): before the SQL,
+        # whose functions read the column. Nullable, so adding it writes no row and 0.1.1's
+        # statements, which do not name it, keep working; the outcome's new choice fits its
+        # 8 characters, so the history is not altered (choices are Django's alone).
+        migrations.AlterModelOptions(
+            name="delivery",
+            options={
+                "permissions": [
+                    ("cancel_delivery", "Can cancel deliveries"),
+                    ("run_delivery", "Can make deliveries due now"),
+                ],
+                "verbose_name_plural": "deliveries",
+            },
+        ),
+        migrations.AddField(
+            model_name="delivery",
+            name="canceled_at",
+            field=models.DateTimeField(
+                blank=True, editable=False, null=True, verbose_name="cancelled at"
+            ),
+        ),
+        migrations.AlterField(
+            model_name="attempt",
+            name="outcome",
+            field=models.CharField(
+                choices=[
+                    ("ack", "acknowledged"),
+                    ("retry", "will retry"),
+                    ("dead", "dead-lettered"),
+                    ("expired", "lease expired"),
+                    ("unsent", "lease expired unsent"),
+                    ("archived", "archived"),
+                    ("canceled", "cancelled"),
+                ],
+                max_length=8,
+            ),
         ),
         RunMigrationSQL("0003_release_0_2_0"),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),

@@ -421,13 +421,12 @@ class DeliveryAdmin(_MessagePage, _TimeColumns, _ByMessageAdmin):
     ) -> HttpResponse:
         delivery = self.get_object(request, object_id)
         live = delivery is not None and delivery.canceled_at is None
+        # A leased one is running already.
+        leased = delivery is not None and delivery.state == Delivery.State.LEASED
         extra = {
             **(extra_context or {}),
             "can_cancel": live and live_deliveries.can_cancel(request),
-            # A leased one is running already.
-            "can_run": live
-            and delivery.state != Delivery.State.LEASED
-            and live_deliveries.can_run(request),
+            "can_run": live and not leased and live_deliveries.can_run(request),
         }
         return super().change_view(request, object_id, form_url, extra)
 

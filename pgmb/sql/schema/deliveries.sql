@@ -1,6 +1,7 @@
 -- The delivery state machine that both dispatch paths share: claim (lease), start, ack,
 -- fail (retry or dead-letter), release, reclaim expired leases; requeueing, purging and
--- replaying; and what a dispatcher asks to know whether, and when, there is work.
+-- replaying; cancelling and running now; and what a dispatcher asks to know whether, and
+-- when, there is work.
 
 -- Whether a dispatcher running --until-idle still has work: anything due, leased, or
 -- scheduled for a retry. Messages their producer delayed do not keep it running, nor do

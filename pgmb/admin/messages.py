@@ -360,14 +360,13 @@ class _MessagePage(_ColumnsBase):
 
 @admin.register(Delivery)
 class DeliveryAdmin(_MessagePage, _TimeColumns, _ByMessageAdmin):
-    # What fits a 1,280 pixel screen (tests/browser/test_list_widths.py); the priority
-    # and group are on the delivery's page.
+    # What fits a 1,280 pixel screen (tests/browser/test_list_widths.py) beside the
+    # actions' checkboxes; the priority, group and attempts are on the delivery's page.
     list_display = (
         "id",
         "message_ref",
         "queue",
         "status",
-        "attempts",
         "available_time",
         "created_time",
     )

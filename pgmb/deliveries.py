@@ -1,5 +1,5 @@
 """The typed API over the delivery state machine: claim, start, ack, fail, release,
-reclaim, requeue, purge, replay.
+reclaim, requeue, purge, replay, cancel, run now.
 
 Every transition is one SQL function of schema ``pgmb`` (the single implementation both
 dispatchers share), called here once, with named parameters, from
@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import Any
 
 from . import sql
@@ -91,6 +92,36 @@ class Recorded:
     started: int
     acked: int
     failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Canceled:
+    """What one :func:`cancel` did."""
+
+    #: Ready, delayed, retrying or waiting deliveries deleted, each recorded 'canceled'.
+    removed: int
+    #: Leased deliveries marked: their request's outcome, when it comes, is recorded
+    #: 'canceled' and deletes them, never retried nor dead-lettered.
+    in_flight: int
+
+    @property
+    def total(self) -> int:
+        return self.removed + self.in_flight
+
+
+@dataclass(frozen=True, slots=True)
+class MadeDue:
+    """What one :func:`run_now` did."""
+
+    #: Ready deliveries (delayed or waiting for a retry) now due.
+    due: int
+    #: Waiting deliveries now due, but still behind their group's earlier member or their
+    #: dependencies until those settle.
+    waiting: int
+
+    @property
+    def total(self) -> int:
+        return self.due + self.waiting
 
 
 def _statement(name: str) -> str:
@@ -222,6 +253,44 @@ def replay_call(
     )
 
 
+def _canceled(names: list[str], rows: list[tuple[Any, ...]]) -> Canceled:
+    return Canceled(**dict(zip(names, rows[0], strict=True)))
+
+
+def _made_due(names: list[str], rows: list[tuple[Any, ...]]) -> MadeDue:
+    return MadeDue(**dict(zip(names, rows[0], strict=True)))
+
+
+def _filters(
+    queue: str, routing_key_prefix: str | None, older_than: timedelta | None
+) -> dict[str, Any]:
+    return {"queue": queue, "prefix": routing_key_prefix, "older_than": older_than}
+
+
+def cancel_call(delivery_ids: int | Iterable[int]) -> Call[Canceled]:
+    return Call(_statement("cancel"), {"ids": _ids(delivery_ids)}, _canceled)
+
+
+def cancel_matching_call(
+    queue: str, routing_key_prefix: str | None = None, older_than: timedelta | None = None
+) -> Call[Canceled]:
+    return Call(
+        _statement("cancel_matching"), _filters(queue, routing_key_prefix, older_than), _canceled
+    )
+
+
+def run_now_call(delivery_ids: int | Iterable[int]) -> Call[MadeDue]:
+    return Call(_statement("run_now"), {"ids": _ids(delivery_ids)}, _made_due)
+
+
+def run_now_matching_call(
+    queue: str, routing_key_prefix: str | None = None, older_than: timedelta | None = None
+) -> Call[MadeDue]:
+    return Call(
+        _statement("run_now_matching"), _filters(queue, routing_key_prefix, older_than), _made_due
+    )
+
+
 def next_wakeup_call(queues: Iterable[str] | None = None) -> Call[float | None]:
     return Call(_statement("next_wakeup"), {"queues": _queues(queues)}, scalar)
 
@@ -333,6 +402,55 @@ def replay(
     Returns how many deliveries were created.
     """
     return run(replay_call(message_ids, queues), using)
+
+
+def cancel(delivery_ids: int | Iterable[int], *, using: str | None = None) -> Canceled:
+    """Cancel live deliveries (one id or many); never posted again.
+
+    A ready, delayed, retrying or waiting one is deleted now, recorded as 'canceled' in the
+    history, and releases the deliveries waiting behind it as any removal does. A leased
+    one is marked: its request is in flight, and its outcome is recorded as 'canceled' and
+    deletes it. Ids that are unknown, finished or already cancelled change nothing: count
+    the result (docs/decisions/0084-cancel-and-run-now.md).
+    """
+    return run(cancel_call(delivery_ids), using)
+
+
+def cancel_matching(
+    queue: str,
+    routing_key_prefix: str | None = None,
+    older_than: timedelta | None = None,
+    *,
+    using: str | None = None,
+) -> Canceled:
+    """:func:`cancel` every live delivery of ``queue`` whose routing key begins with
+    ``routing_key_prefix`` and that was created at least ``older_than`` ago (None: any).
+
+    An unknown queue raises the database's error (``no queue named ...``)."""
+    return run(cancel_matching_call(queue, routing_key_prefix, older_than), using)
+
+
+def run_now(delivery_ids: int | Iterable[int], *, using: str | None = None) -> MadeDue:
+    """Make live deliveries (one id or many) due now.
+
+    A ready one (delayed, or waiting out a retry's backoff) may be claimed at once, within
+    its worker's rate limit and circuit breaker, if its queue is not paused; a waiting one
+    is due now but stays behind its group or dependencies. One already due, leased or
+    unknown changes nothing.
+    """
+    return run(run_now_call(delivery_ids), using)
+
+
+def run_now_matching(
+    queue: str,
+    routing_key_prefix: str | None = None,
+    older_than: timedelta | None = None,
+    *,
+    using: str | None = None,
+) -> MadeDue:
+    """:func:`run_now` for the live deliveries of ``queue`` that match, as
+    :func:`cancel_matching`'s filters."""
+    return run(run_now_matching_call(queue, routing_key_prefix, older_than), using)
 
 
 def next_wakeup(queues: Iterable[str] | None = None, *, using: str | None = None) -> float | None:

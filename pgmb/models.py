@@ -882,10 +882,20 @@ class Delivery(models.Model):
     #: Not posted (nor read) after this: the earlier of its message's expiry and its queue's
     #: message_ttl after publication, set by the routing trigger; None: never (pgmb.expire).
     expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: When it was cancelled while leased (``pgmb.cancel``): the outcome of its request in
+    #: flight is recorded as 'canceled' and deletes it, never retried nor dead-lettered.
+    canceled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "pgmb_delivery"
         verbose_name_plural = "deliveries"
+        # Ending or hastening a delivery is not "change" (rows move only through the state
+        # machine): the admin's actions and the pgmb_deliveries command's operators are
+        # granted these (docs/decisions/0084-cancel-and-run-now.md).
+        permissions = [
+            ("cancel_delivery", "Can cancel deliveries"),
+            ("run_delivery", "Can make deliveries due now"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["message", "queue"], name="pgmb_delivery_message_queue")
         ]
@@ -996,6 +1006,9 @@ class Attempt(models.Model):
         TTL = "ttl", _("expired (TTL)")
         #: A pull queue's message settled by pgmb.archive: consumed, not acknowledged.
         ARCHIVED = "archived", _("archived")
+        #: Ended by pgmb.cancel: removed, or its request's outcome while in flight. Spelled
+        #: to fit the column's 8 characters (docs/decisions/0084-cancel-and-run-now.md).
+        CANCELED = "canceled", _("cancelled")
 
     id = models.BigAutoField(primary_key=True)
     message = models.ForeignKey(

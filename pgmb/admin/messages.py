@@ -1,7 +1,8 @@
 """Messages, and what became of them: live deliveries, dead letters, the attempt log.
 
 All of it is read-only here: rows move only through pgmb's SQL state machine. Dead letters
-can be requeued and purged by actions (see :mod:`pgmb.admin.dead_letters`), and messages
+can be requeued and purged by actions (see :mod:`pgmb.admin.dead_letters`), live
+deliveries cancelled and made due now (see :mod:`pgmb.admin.live_deliveries`), and messages
 replayed (see :mod:`pgmb.admin.replay`), which call it.
 """
 
@@ -23,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import publish
 from ..models import Attempt, DeadLetter, Delivery, Message, Queue
-from . import dead_letters, filters, replay
+from . import dead_letters, filters, live_deliveries, replay
 from .common import (
     MESSAGE_WINDOW,
     AnyOf,
@@ -82,7 +83,9 @@ def _with_times(queryset: QuerySet) -> QuerySet:
 
 
 def _status(obj: Delivery) -> str:
-    return delivery_status(obj.state, comparable_time(obj, "available_at"))
+    status = delivery_status(obj.state, comparable_time(obj, "available_at"))
+    # Cancelled in flight: its request's outcome will end it.
+    return _("%(status)s, cancelled") % {"status": status} if obj.canceled_at else status
 
 
 #: Characters of a dead letter's last error shown in the list.
@@ -357,14 +360,13 @@ class _MessagePage(_ColumnsBase):
 
 @admin.register(Delivery)
 class DeliveryAdmin(_MessagePage, _TimeColumns, _ByMessageAdmin):
-    # What fits a 1,280 pixel screen (tests/browser/test_list_widths.py); the priority
-    # and group are on the delivery's page.
+    # What fits a 1,280 pixel screen (tests/browser/test_list_widths.py) beside the
+    # actions' checkboxes; the priority, group and attempts are on the delivery's page.
     list_display = (
         "id",
         "message_ref",
         "queue",
         "status",
-        "attempts",
         "available_time",
         "created_time",
     )
@@ -396,13 +398,56 @@ class DeliveryAdmin(_MessagePage, _TimeColumns, _ByMessageAdmin):
         "timeline",
     )
     readonly_fields = fields
+    # The page's "Cancel" and "Run now" buttons post the list's actions for this delivery.
+    change_form_template = "admin/pgmb/delivery_change_form.html"
+    actions = ("cancel_selected", "run_now_selected")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return _with_times(super().get_queryset(request))
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        refuse_unpermitted(self, request, ["cancel_selected", "run_now_selected"])
+        return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        delivery = self.get_object(request, object_id)
+        live = delivery is not None and delivery.canceled_at is None
+        # A leased one is running already.
+        leased = delivery is not None and delivery.state == Delivery.State.LEASED
+        extra = {
+            **(extra_context or {}),
+            "can_cancel": live and live_deliveries.can_cancel(request),
+            "can_run": live and not leased and live_deliveries.can_run(request),
+        }
+        return super().change_view(request, object_id, form_url, extra)
+
     @admin.display(description=_("status"))
     def status(self, obj: Delivery) -> str:
         return _status(obj)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return live_deliveries.can_cancel(request)
+
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        return live_deliveries.can_run(request)
+
+    @admin.action(permissions=["cancel"], description=_("Cancel selected deliveries"))
+    def cancel_selected(
+        self, request: HttpRequest, queryset: QuerySet[Delivery]
+    ) -> TemplateResponse | None:
+        return live_deliveries.cancel_selected(self, request, queryset)
+
+    @admin.action(permissions=["run"], description=_("Make selected deliveries due now"))
+    def run_now_selected(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
+        live_deliveries.run_now_selected(self, request, queryset)
 
 
 @admin.register(DeadLetter)

@@ -34,7 +34,8 @@ class Migration(migrations.Migration):
             # Archive by day: pgmb_archive_day's foreign key to it.
             "pgmb_archive_run",
             # Fair shares per key: the key column, its indexes and trigger. Expiry: a
-            # column of deliveries (queues and messages are above).
+            # column of deliveries (queues and messages are above). Cancel and run now: the
+            # column that marks a delivery cancelled in flight.
             "pgmb_delivery",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
@@ -145,22 +146,6 @@ class Migration(migrations.Migration):
                 verbose_name="on expiry",
             ),
         ),
-        migrations.AlterField(
-            model_name="attempt",
-            name="outcome",
-            field=models.CharField(
-                choices=[
-                    ("ack", "acknowledged"),
-                    ("retry", "will retry"),
-                    ("dead", "dead-lettered"),
-                    ("expired", "lease expired"),
-                    ("unsent", "lease expired unsent"),
-                    ("ttl", "expired (TTL)"),
-                    ("archived", "archived"),
-                ],
-                max_length=8,
-            ),
-        ),
         # Publishing: the routing trigger checks pgtrigger.ignore() without a subtransaction
         # (pgmb/trigger_guard.py, docs/decisions/0073-publishing-write-path.md). Dropped and
         # created again in this transaction, pgmb_message locked first: no publish runs
@@ -259,6 +244,44 @@ class Migration(migrations.Migration):
                     models.UniqueConstraint(fields=("run", "day"), name="pgmb_archive_day_run_day")
                 ],
             },
+        ),
+        # Cancel and run now (docs/decisions/0084-cancel-and-run-now.md): before the SQL,
+        # whose functions read the column. Nullable, so adding it writes no row and 0.1.1's
+        # statements, which do not name it, keep working; the outcome's new choice fits its
+        # 8 characters, so the history is not altered (choices are Django's alone).
+        migrations.AlterModelOptions(
+            name="delivery",
+            options={
+                "permissions": [
+                    ("cancel_delivery", "Can cancel deliveries"),
+                    ("run_delivery", "Can make deliveries due now"),
+                ],
+                "verbose_name_plural": "deliveries",
+            },
+        ),
+        migrations.AddField(
+            model_name="delivery",
+            name="canceled_at",
+            field=models.DateTimeField(
+                blank=True, editable=False, null=True, verbose_name="cancelled at"
+            ),
+        ),
+        migrations.AlterField(
+            model_name="attempt",
+            name="outcome",
+            field=models.CharField(
+                choices=[
+                    ("ack", "acknowledged"),
+                    ("retry", "will retry"),
+                    ("dead", "dead-lettered"),
+                    ("expired", "lease expired"),
+                    ("unsent", "lease expired unsent"),
+                    ("ttl", "expired (TTL)"),
+                    ("archived", "archived"),
+                    ("canceled", "cancelled"),
+                ],
+                max_length=8,
+            ),
         ),
         RunMigrationSQL("0003_release_0_2_0"),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),

@@ -1703,3 +1703,164 @@ CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     ) h ON h.queue_id = q.id
     ORDER BY q.name
 $$;
+
+-- ==== Cancel and run now ====
+-- 0.1.1's outcome writers (before the column they read is dropped), and no cancel or run now.
+
+-- Records successful attempts: the deliveries are deleted and their attempts written to the
+-- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    acked integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
+    ), done AS (
+        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
+        RETURNING d.id, d.message_id, d.queue_id, d.attempts
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
+        FROM done JOIN input u ON u.id = done.id
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO acked FROM history;
+    RETURN acked;
+END $$;
+
+-- Records failed attempts of leased deliveries (fenced by their lease ids): each is
+-- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or
+-- retried after the message's fixed retry_delay or the queue's backoff (an endpoint's
+-- Retry-After may lengthen either); every attempt goes to the history, with outcome `retry_outcome`
+-- or 'dead'. The circuit breakers hear of the outcomes first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    settled integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
+            AS u(id, lease_id, status, error, retry_after, duration_ms)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
+               q.backoff_base, q.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
+            available_at = clock_timestamp()
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+-- Give leased deliveries back unattempted (a dispatcher shutting down before it posted them).
+CREATE OR REPLACE FUNCTION pgmb.release(delivery_ids bigint[], lease_ids uuid[])
+RETURNS integer
+LANGUAGE sql AS $$
+    WITH released AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, attempts = greatest(d.attempts - 1, 0), available_at = now()
+        FROM unnest(delivery_ids, lease_ids) AS u(id, lease_id)
+        WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased'
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM released
+$$;
+
+-- Leases that ran out (a dispatcher died or hung). One whose request started counts as a
+-- failed attempt ('expired'); one that never started is handed back with its attempt
+-- ('unsent', due at once), except from a delivery's third such expiry on, which counts.
+CREATE OR REPLACE FUNCTION pgmb.reclaim_expired(max_count integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    counted_ids bigint[];
+    counted_leases uuid[];
+    counted_errors text[];
+    unsent_ids bigint[];
+    unsent_lease_ids uuid[];
+    returned integer := 0;
+BEGIN
+    SELECT array_agg(e.id) FILTER (WHERE e.counted),
+           array_agg(e.lease_id) FILTER (WHERE e.counted),
+           array_agg(CASE WHEN e.started THEN 'lease expired before an outcome was recorded'
+                          ELSE format('lease expired before its request was marked started; counted, '
+                                      'as %s earlier leases of this delivery expired so', e.unsent_leases)
+                     END) FILTER (WHERE e.counted),
+           array_agg(e.id) FILTER (WHERE NOT e.counted),
+           array_agg(e.lease_id) FILTER (WHERE NOT e.counted)
+    INTO counted_ids, counted_leases, counted_errors, unsent_ids, unsent_lease_ids
+    -- At most 2 unsent leases are forgiven (docs/decisions/0006-leases-and-at-least-once.md).
+    FROM (SELECT d.id, d.lease_id, d.started, d.unsent_leases,
+                 d.started OR d.unsent_leases >= 2 AS counted
+          FROM pgmb_delivery d
+          WHERE d.state = 'leased' AND d.available_at <= clock_timestamp()
+          ORDER BY d.available_at
+          LIMIT max_count
+          FOR UPDATE SKIP LOCKED) AS e;
+    IF unsent_ids IS NOT NULL THEN
+        WITH handed_back AS (
+            UPDATE pgmb_delivery d
+            SET state = 'ready', lease_id = NULL, attempts = greatest(d.attempts - 1, 0),
+                unsent_leases = d.unsent_leases + 1, available_at = clock_timestamp()
+            FROM unnest(unsent_ids, unsent_lease_ids) AS u(id, lease_id)
+            WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased'
+            RETURNING d.message_id, d.queue_id, d.attempts + 1 AS attempt
+        )
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT h.message_id, h.queue_id, h.attempt, 'unsent', NULL, NULL,
+               'lease expired before its request was marked started: the attempt is not counted',
+               clock_timestamp()
+        FROM handed_back h;
+        GET DIAGNOSTICS returned = ROW_COUNT;
+    END IF;
+    IF counted_ids IS NULL THEN
+        RETURN returned;
+    END IF;
+    RETURN returned + pgmb.settle_failures(counted_ids, counted_leases, NULL, counted_errors,
+                                           NULL, NULL, 'expired');
+END $$;
+
+DROP FUNCTION IF EXISTS pgmb.cancel(text, text, interval), pgmb.cancel(bigint[]),
+    pgmb.run_now(text, text, interval), pgmb.run_now(bigint[]),
+    pgmb.matching_deliveries(text, text, interval), pgmb.canceled_in_flight();

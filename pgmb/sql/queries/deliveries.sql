@@ -67,3 +67,19 @@ SELECT pgmb.busy(queue_names => %(queues)s)
 
 -- name: replay
 SELECT pgmb.replay(message_ids => %(ids)s::uuid[], queue_names => %(queues)s::text[])
+
+-- name: cancel
+SELECT c.removed, c.in_flight FROM pgmb.cancel(delivery_ids => %(ids)s::bigint[]) AS c
+
+-- name: cancel_matching
+SELECT c.removed, c.in_flight
+FROM pgmb.cancel(queue_name => %(queue)s::text, routing_key_prefix => %(prefix)s::text,
+                 older_than => %(older_than)s::interval) AS c
+
+-- name: run_now
+SELECT r.due, r.waiting FROM pgmb.run_now(delivery_ids => %(ids)s::bigint[]) AS r
+
+-- name: run_now_matching
+SELECT r.due, r.waiting
+FROM pgmb.run_now(queue_name => %(queue)s::text, routing_key_prefix => %(prefix)s::text,
+                  older_than => %(older_than)s::interval) AS r

@@ -1,6 +1,7 @@
 -- The delivery state machine that both dispatch paths share: claim (lease), start, ack,
 -- fail (retry or dead-letter), release, reclaim expired leases; requeueing, purging and
--- replaying; and what a dispatcher asks to know whether, and when, there is work.
+-- replaying; cancelling and running now; and what a dispatcher asks to know whether, and
+-- when, there is work.
 
 -- Whether a dispatcher running --until-idle still has work: anything due, leased, or
 -- scheduled for a retry. Messages their producer delayed do not keep it running, nor do
@@ -263,8 +264,13 @@ BEGIN
     RETURN marked;
 END $$;
 
+-- The error a history row of a delivery cancelled while leased (pgmb.cancel) begins with.
+CREATE OR REPLACE FUNCTION pgmb.canceled_in_flight() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'canceled while its request was in flight' $$;
+
 -- Records successful attempts: the deliveries are deleted and their attempts written to the
--- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
+-- history (outcome 'ack'; 'canceled' for a delivery cancelled while its request was in
+-- flight, pgmb.cancel); the circuit breakers hear of them first. Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -278,10 +284,14 @@ BEGIN
         SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
     ), done AS (
         DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
-        RETURNING d.id, d.message_id, d.queue_id, d.attempts
+        RETURNING d.id, d.message_id, d.queue_id, d.attempts, d.canceled_at
     ), history AS (
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
+        SELECT done.message_id, done.queue_id, done.attempts,
+               CASE WHEN done.canceled_at IS NULL THEN 'ack' ELSE 'canceled' END,
+               u.status, u.duration_ms,
+               CASE WHEN done.canceled_at IS NULL THEN '' ELSE pgmb.canceled_in_flight() END,
+               clock_timestamp()
         FROM done JOIN input u ON u.id = done.id
         RETURNING 1
     )
@@ -294,8 +304,10 @@ END $$;
 -- once after an answer that stops retries (pgmb.final_answer_note: the worker's
 -- dead_statuses, or its abort header; the error then says so), or retried after the
 -- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
--- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. The
--- circuit breakers hear of the outcomes first. Planned as pgmb.claim.
+-- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. A
+-- delivery cancelled while leased (pgmb.cancel) is neither: it is deleted, its attempt
+-- recorded as 'canceled'. The circuit breakers hear of the outcomes first. Planned as
+-- pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -313,6 +325,7 @@ BEGIN
                left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
                u.retry_after, u.duration_ms,
                d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
+               d.canceled_at IS NOT NULL AS canceled,
                q.backoff_base, q.backoff_max, m.retry_delay
         FROM input u
         JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
@@ -324,12 +337,13 @@ BEGIN
         FOR UPDATE OF d
     ), dead AS (
         DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND (t.exhausted OR t.canceled)
         RETURNING d.id
     ), buried AS (
         INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
         SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
         FROM target t JOIN dead ON dead.id = t.id
+        WHERE NOT t.canceled
         ON CONFLICT (message_id, queue_id) DO UPDATE
         SET attempts = excluded.attempts, last_status = excluded.last_status,
             last_error = excluded.last_error, created_at = excluded.created_at
@@ -343,12 +357,15 @@ BEGIN
                        ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
                   END * interval '1 second'
         FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted AND NOT t.canceled
         RETURNING 1
     ), history AS (
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms, t.error, clock_timestamp()
+        SELECT t.message_id, t.queue_id, t.attempts,
+               CASE WHEN t.canceled THEN 'canceled' WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms,
+               CASE WHEN t.canceled THEN left(pgmb.canceled_in_flight() || ': ' || t.error, 2000) ELSE t.error END,
+               clock_timestamp()
         FROM target t
         RETURNING 1
     )
@@ -368,6 +385,8 @@ LANGUAGE sql AS $$
 $$;
 
 -- Give leased deliveries back unattempted (a dispatcher shutting down before it posted them).
+-- One cancelled while leased (pgmb.cancel) is not given back: it is deleted, recorded as
+-- 'canceled' with the number its attempt would have had.
 CREATE OR REPLACE FUNCTION pgmb.release(delivery_ids bigint[], lease_ids uuid[])
 RETURNS integer
 LANGUAGE sql AS $$
@@ -375,15 +394,27 @@ LANGUAGE sql AS $$
         UPDATE pgmb_delivery d
         SET state = 'ready', lease_id = NULL, attempts = greatest(d.attempts - 1, 0), available_at = now()
         FROM unnest(delivery_ids, lease_ids) AS u(id, lease_id)
-        WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased'
+        WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased' AND d.canceled_at IS NULL
+        RETURNING 1
+    ), canceled AS (
+        DELETE FROM pgmb_delivery d
+        USING unnest(delivery_ids, lease_ids) AS u(id, lease_id)
+        WHERE d.id = u.id AND d.lease_id = u.lease_id AND d.state = 'leased' AND d.canceled_at IS NOT NULL
+        RETURNING d.message_id, d.queue_id, d.attempts
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT c.message_id, c.queue_id, c.attempts, 'canceled', NULL, NULL,
+               pgmb.canceled_in_flight() || ': released unsent', clock_timestamp()
+        FROM canceled c
         RETURNING 1
     )
-    SELECT count(*)::integer FROM released
+    SELECT ((SELECT count(*) FROM released) + (SELECT count(*) FROM history))::integer
 $$;
 
 -- Leases that ran out (a dispatcher died or hung). One whose request started counts as a
 -- failed attempt ('expired'); one that never started is handed back with its attempt
 -- ('unsent', due at once), except from a delivery's third such expiry on, which counts.
+-- One cancelled while leased (pgmb.cancel) goes to pgmb.settle_failures, which deletes it.
 CREATE OR REPLACE FUNCTION pgmb.reclaim_expired(max_count integer DEFAULT 1000)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -397,7 +428,8 @@ DECLARE
 BEGIN
     SELECT array_agg(e.id) FILTER (WHERE e.counted),
            array_agg(e.lease_id) FILTER (WHERE e.counted),
-           array_agg(CASE WHEN e.started THEN 'lease expired before an outcome was recorded'
+           array_agg(CASE WHEN e.started OR e.unsent_leases < 2
+                          THEN 'lease expired before an outcome was recorded'
                           ELSE format('lease expired before its request was marked started; counted, '
                                       'as %s earlier leases of this delivery expired so', e.unsent_leases)
                      END) FILTER (WHERE e.counted),
@@ -406,7 +438,7 @@ BEGIN
     INTO counted_ids, counted_leases, counted_errors, unsent_ids, unsent_lease_ids
     -- At most 2 unsent leases are forgiven (docs/decisions/0006-leases-and-at-least-once.md).
     FROM (SELECT d.id, d.lease_id, d.started, d.unsent_leases,
-                 d.started OR d.unsent_leases >= 2 AS counted
+                 d.started OR d.unsent_leases >= 2 OR d.canceled_at IS NOT NULL AS counted
           FROM pgmb_delivery d
           WHERE d.state = 'leased' AND d.available_at <= clock_timestamp()
           ORDER BY d.available_at
@@ -593,3 +625,104 @@ RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended('pgmb archive ' || kind, 0)
 $$;
+
+-- ==== Cancel and run now (docs/decisions/0084-cancel-and-run-now.md) ====
+
+-- Cancels live deliveries: one ready, delayed, retrying or waiting is deleted at once, its
+-- end recorded in the history (outcome 'canceled', with the number its next attempt would
+-- have had); a waiting one behind it is released as after any delete (publish.sql,
+-- pgmb.release_after). One that is leased is marked (canceled_at): its request is in
+-- flight, and whatever becomes of it (pgmb.ack, pgmb.settle_failures, pgmb.release,
+-- pgmb.reclaim_expired) is recorded as 'canceled' and deletes it, never retried nor
+-- dead-lettered. Ids that are unknown, finished or already cancelled change nothing.
+-- Returns how many were deleted (`removed`) and marked (`in_flight`).
+CREATE OR REPLACE FUNCTION pgmb.cancel(delivery_ids bigint[], OUT removed integer, OUT in_flight integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Locked first, in id order: a claim skips them (SKIP LOCKED), and no state changes
+    -- between the two statements below.
+    PERFORM FROM pgmb_delivery d WHERE d.id = ANY (delivery_ids) ORDER BY d.id FOR UPDATE;
+    WITH gone AS (
+        DELETE FROM pgmb_delivery d
+        WHERE d.id = ANY (delivery_ids) AND d.state <> 'leased'
+        RETURNING d.message_id, d.queue_id, d.attempts, d.state
+    )
+    INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+    SELECT g.message_id, g.queue_id, g.attempts + 1, 'canceled', NULL, NULL,
+           'canceled while ' || g.state, clock_timestamp()
+    FROM gone g
+    ORDER BY g.message_id;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    UPDATE pgmb_delivery d SET canceled_at = clock_timestamp()
+    WHERE d.id = ANY (delivery_ids) AND d.state = 'leased' AND d.canceled_at IS NULL;
+    GET DIAGNOSTICS in_flight = ROW_COUNT;
+END $$;
+
+-- The live deliveries of a queue, all of them or those whose routing key begins with
+-- `routing_key_prefix` and those created at least `older_than` ago: pgmb.cancel of their
+-- ids. An unknown queue is an error.
+CREATE OR REPLACE FUNCTION pgmb.cancel(queue_name text, routing_key_prefix text DEFAULT NULL,
+                                       older_than interval DEFAULT NULL,
+                                       OUT removed integer, OUT in_flight integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT c.removed, c.in_flight INTO removed, in_flight
+    FROM pgmb.cancel(pgmb.matching_deliveries(queue_name, routing_key_prefix, older_than)) AS c;
+END $$;
+
+-- The ids of the live deliveries of a queue that match the filters of pgmb.cancel and
+-- pgmb.run_now (NULL: any); an unknown queue is an error.
+CREATE OR REPLACE FUNCTION pgmb.matching_deliveries(queue_name text, routing_key_prefix text,
+                                                    older_than interval)
+RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    queue uuid;
+BEGIN
+    SELECT q.id INTO queue FROM pgmb_queue q WHERE q.name = queue_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no queue named %', coalesce(quote_literal(queue_name), 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    IF older_than < interval '0' THEN
+        RAISE EXCEPTION 'older_than must not be negative (got %)', older_than
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN ARRAY(
+        SELECT d.id FROM pgmb_delivery d JOIN pgmb_message m ON m.id = d.message_id
+        WHERE d.queue_id = queue
+          AND (routing_key_prefix IS NULL OR starts_with(m.routing_key, routing_key_prefix))
+          AND (older_than IS NULL OR d.created_at <= now() - older_than)
+        ORDER BY d.id);
+END $$;
+
+-- Makes live deliveries due now: one ready (delayed, or waiting for a retry's backoff) may
+-- be claimed at once (`due`; the worker's rate limit and circuit breaker still apply, and a
+-- paused queue stays paused); one waiting becomes due now but stays behind its group's
+-- earlier member or its dependencies until they settle (`waiting`). One already due, leased
+-- or unknown changes nothing. Dispatchers are woken when some became due.
+CREATE OR REPLACE FUNCTION pgmb.run_now(delivery_ids bigint[], OUT due integer, OUT waiting integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH moved AS (
+        UPDATE pgmb_delivery d SET available_at = now()
+        WHERE d.id = ANY (delivery_ids) AND d.state IN ('ready', 'waiting') AND d.available_at > now()
+        RETURNING d.state
+    )
+    SELECT count(*) FILTER (WHERE m.state = 'ready'), count(*) FILTER (WHERE m.state = 'waiting')
+    INTO due, waiting
+    FROM moved m;
+    IF due > 0 THEN
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+END $$;
+
+-- pgmb.run_now of the live deliveries of a queue that match (as pgmb.cancel's filters).
+CREATE OR REPLACE FUNCTION pgmb.run_now(queue_name text, routing_key_prefix text DEFAULT NULL,
+                                        older_than interval DEFAULT NULL,
+                                        OUT due integer, OUT waiting integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT r.due, r.waiting INTO due, waiting
+    FROM pgmb.run_now(pgmb.matching_deliveries(queue_name, routing_key_prefix, older_than)) AS r;
+END $$;

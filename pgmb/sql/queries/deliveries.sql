@@ -64,3 +64,11 @@ SELECT pgmb.busy(queue_names => %(queues)s)
 
 -- name: replay
 SELECT pgmb.replay(message_ids => %(ids)s::uuid[], queue_names => %(queues)s::text[])
+
+-- name: backfill
+SELECT pgmb.backfill(queue_name => %(queue)s, since => %(since)s::timestamptz,
+                     until => %(until)s::timestamptz, max_count => %(limit)s)
+
+-- name: recover
+SELECT pgmb.recover(queue_name => %(queue)s, since => %(since)s::timestamptz,
+                    until => coalesce(%(until)s::timestamptz, now()), max_count => %(limit)s)

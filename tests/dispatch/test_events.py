@@ -47,9 +47,7 @@ def test_a_dead_delivery_is_posted_to_the_events_queue(
     ]
 
 
-def test_nothing_is_posted_when_events_are_off(
-    dispatch, recording_server, make_worker, make_queue
-):
+def test_nothing_is_posted_when_events_are_off(dispatch, recording_server, make_worker, make_queue):
     recording_server.respond(503, path="/orders")
     orders = make_worker(endpoint=recording_server.url("/orders"))
     make_queue("order.*", name="orders", worker=orders, max_retries=0)

@@ -18,7 +18,9 @@ def event_messages(key: str = "pgmb.") -> list[Message]:
 
 
 def pull_queue(name: str, max_retries: int) -> Queue:
-    return Queue.objects.create(name=name, binding_key="pull.#", worker=None, max_retries=max_retries)
+    return Queue.objects.create(
+        name=name, binding_key="pull.#", worker=None, max_retries=max_retries
+    )
 
 
 def kill_all(queue: str) -> int:

@@ -90,7 +90,7 @@ def _run_window(
     question: str,
     yes: str,
     call: Callable[[str, datetime, datetime, int, str], int],
-    done: tuple[str, str],
+    done: Callable[[int], str],
     logged: str,
 ) -> TemplateResponse | None:
     queues = list(queryset.order_by("name"))
@@ -119,7 +119,7 @@ def _run_window(
         total = sum(counts.values())
         model_admin.message_user(
             request,
-            ngettext(done[0], done[1], total) % {"total": total, "summary": summary},
+            done(total) % {"total": total, "summary": summary},
             messages.SUCCESS if total else messages.WARNING,
         )
         return None
@@ -166,9 +166,10 @@ def backfill_queues(
         ),
         yes=_("Backfill"),
         call=_backfill,
-        done=(
+        done=lambda n: ngettext(
             "Backfilled %(total)d message (%(summary)s).",
             "Backfilled %(total)d messages (%(summary)s).",
+            n,
         ),
         logged=_("Backfilled messages published from %(since)s to %(until)s."),
     )
@@ -189,9 +190,10 @@ def recover_queues(
         ),
         yes=_("Recover"),
         call=_recover,
-        done=(
+        done=lambda n: ngettext(
             "Recovered %(total)d dead letter (%(summary)s).",
             "Recovered %(total)d dead letters (%(summary)s).",
+            n,
         ),
         logged=_("Recovered the dead letters that died from %(since)s to %(until)s."),
     )

@@ -81,8 +81,9 @@ BEGIN
         RETURN false;
     END IF;
     SELECT jsonb_build_object('queue', q.name, 'worker', w.name, 'message_id', m.id,
-                              'routing_key', m.routing_key, 'attempts', attempts,
-                              'last_status', last_status, 'last_error', last_error)
+                              'routing_key', m.routing_key, 'attempts', dead_letter_event.attempts,
+                              'last_status', dead_letter_event.last_status,
+                              'last_error', dead_letter_event.last_error)
     INTO body
     FROM pgmb_message m
     JOIN pgmb_queue q ON q.id = dead_letter_event.queue_id

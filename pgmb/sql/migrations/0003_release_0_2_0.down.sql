@@ -1098,7 +1098,7 @@ BEGIN
 END $$;
 
 DROP FUNCTION pgmb.dead_letter_event(uuid, uuid, integer, integer, text),
-    pgmb.publish_event(text, jsonb), pgmb.set_events(boolean), pgmb.events_enabled();
+    pgmb.delivery_event(text, uuid, uuid, jsonb), pgmb.publish_event(text, jsonb), pgmb.set_events(boolean), pgmb.events_enabled();
 DROP TABLE pgmb.event_settings;
 
 -- ==== Backfill and recover ====

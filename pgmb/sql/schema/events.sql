@@ -67,11 +67,12 @@ BEGIN
     RETURN id;
 END $$;
 
--- The event of a dead letter (pgmb.dead_lettered), unless events are off or its message is
--- an event itself. Called per dead letter where deliveries die (pgmb.settle_failures,
--- pgmb.nack), only for those; returns whether one was published.
-CREATE OR REPLACE FUNCTION pgmb.dead_letter_event(message_id uuid, queue_id uuid, attempts integer,
-                                                  last_status integer, last_error text)
+-- An event about a delivery of a message on a queue (pgmb.dead_lettered, pgmb.expired):
+-- body {queue, worker (NULL for a pull queue), message_id, routing_key} and `details`'
+-- keys. Nothing when events are off, nor for a message whose routing key is under `pgmb.`
+-- (never recursive), nor for a message or queue gone meanwhile. Returns whether one was
+-- published. Expiry calls it with 'pgmb.expired'.
+CREATE OR REPLACE FUNCTION pgmb.delivery_event(routing_key text, message_id uuid, queue_id uuid, details jsonb)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -81,16 +82,26 @@ BEGIN
         RETURN false;
     END IF;
     SELECT jsonb_build_object('queue', q.name, 'worker', w.name, 'message_id', m.id,
-                              'routing_key', m.routing_key, 'attempts', dead_letter_event.attempts,
-                              'last_status', dead_letter_event.last_status,
-                              'last_error', dead_letter_event.last_error)
+                              'routing_key', m.routing_key) || coalesce(details, '{}')
     INTO body
     FROM pgmb_message m
-    JOIN pgmb_queue q ON q.id = dead_letter_event.queue_id
+    JOIN pgmb_queue q ON q.id = delivery_event.queue_id
     LEFT JOIN pgmb_worker w ON w.id = q.worker_id
-    WHERE m.id = dead_letter_event.message_id AND NOT starts_with(m.routing_key, 'pgmb.');
+    WHERE m.id = delivery_event.message_id AND NOT starts_with(m.routing_key, 'pgmb.');
     IF body IS NULL THEN
-        RETURN false;  -- an event's delivery (never recursive), or a message gone meanwhile
+        RETURN false;
     END IF;
-    RETURN pgmb.publish_event('pgmb.dead_lettered', body) IS NOT NULL;
+    RETURN pgmb.publish_event(routing_key, body) IS NOT NULL;
 END $$;
+
+-- The event of a dead letter (pgmb.delivery_event's pgmb.dead_lettered, with its attempts
+-- and last outcome). Called per dead letter where deliveries die (pgmb.settle_failures,
+-- pgmb.nack, pgmb.read), only for those.
+CREATE OR REPLACE FUNCTION pgmb.dead_letter_event(message_id uuid, queue_id uuid, attempts integer,
+                                                  last_status integer, last_error text)
+RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT pgmb.delivery_event('pgmb.dead_lettered', message_id, queue_id,
+                               jsonb_build_object('attempts', attempts, 'last_status', last_status,
+                                                  'last_error', last_error))
+$$;

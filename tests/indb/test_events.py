@@ -42,10 +42,10 @@ def test_the_loop_posts_a_dead_deliverys_event_and_none_about_the_event(
 def test_the_loop_posts_a_breaker_opening_and_closing(
     transport, dispatch_until, recording_server, make_worker, make_queue, events_on
 ):
-    recording_server.script([500] * 3, path="/orders")
+    recording_server.script([500], path="/orders")
     orders = make_worker(
         endpoint=recording_server.url("/orders"),
-        breaker_failures=3,
+        breaker_failures=1,
         breaker_cooldown=0.2,
         breaker_cooldown_max=0.2,
     )

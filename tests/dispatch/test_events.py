@@ -81,7 +81,8 @@ def test_the_events_own_dead_delivery_publishes_nothing(
 def test_a_breaker_opening_and_closing_is_posted(
     dispatch, recording_server, make_worker, make_queue, events_on
 ):
-    recording_server.script([500], path="/orders")  # then 200: one failure opens it, the probe closes it
+    # One failure opens it; then 200, the default: the probe closes it.
+    recording_server.script([500], path="/orders")
     orders = make_worker(
         endpoint=recording_server.url("/orders"),
         breaker_failures=1,

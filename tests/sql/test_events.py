@@ -167,3 +167,24 @@ def test_a_consumer_roles_nack_publishes_the_event_it_may_not_publish_itself(
     # Published as nack's owner (a definer): the role itself may not.
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         consumer.execute("SELECT pgmb.publish_event('pgmb.dead_lettered', '{}')")
+
+
+def test_a_dispatcher_role_in_pgmb_admin_publishes_the_event_of_its_dead_letter(
+    transactional_db, make_queue, login_role, owner, events_on
+):
+    make_queue("order.*", name="orders", max_retries=0)
+    make_queue("pgmb.#", name="events")
+    message_id = pgmb.send("order.created", {"n": 1})
+    _, dispatcher = login_role("pgmb_admin")
+
+    [(delivery_id, lease_id)] = dispatcher.execute(
+        "SELECT delivery_id, lease_id FROM pgmb.claim(ARRAY['orders'], 10)"
+    ).fetchall()
+    dispatcher.execute(
+        "SELECT pgmb.fail(ARRAY[%s]::bigint[], ARRAY[%s]::uuid[], ARRAY[500], ARRAY['down'])",
+        (delivery_id, lease_id),
+    )
+
+    [event] = event_messages()
+    assert event.body["message_id"] == str(message_id)
+    assert Delivery.objects.filter(queue__name="events", message_id=event.id).exists()

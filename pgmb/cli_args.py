@@ -7,6 +7,7 @@ parse the same way lives here, so that no command imports another.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from django.core.management.base import CommandError
@@ -14,6 +15,7 @@ from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 
 from . import conf
+from .durations import parse_delay
 
 N = TypeVar("N", int, float)
 
@@ -44,3 +46,16 @@ def database_alias(given: str | None) -> str:
     except ConnectionDoesNotExist:
         raise CommandError(f"--database {alias!r} is not in settings.DATABASES") from None
     return alias
+
+
+def moment(text: str, now: datetime) -> datetime:
+    """A time a command's window names: a duration ago (``2h``, ``1d``, ``90m``, seconds)
+    or an ISO-8601 time with a time zone; a clear ValueError otherwise."""
+    try:
+        parsed = parse_delay(text)
+    except ValueError:
+        raise ValueError(
+            f"invalid time {text!r}: a duration ago (30m, 2h, 1d) or an ISO-8601 time with "
+            "a time zone (2026-12-01T10:00:00Z)"
+        ) from None
+    return parsed if isinstance(parsed, datetime) else now - timedelta(seconds=parsed)

@@ -1,5 +1,5 @@
 """The typed API over the delivery state machine: claim, start, ack, fail, release,
-reclaim, requeue, purge, replay, cancel, run now.
+reclaim, requeue, purge, replay, backfill, recover, cancel, run now.
 
 Every transition is one SQL function of schema ``pgmb`` (the single implementation both
 dispatchers share), called here once, with named parameters, from
@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import sql
@@ -291,6 +291,31 @@ def run_now_matching_call(
     )
 
 
+#: How many deliveries one :func:`backfill` or :func:`recover` call makes at most, unless
+#: told otherwise (``pgmb.backfill``'s and ``pgmb.recover``'s default; at most 1,000,000).
+WINDOW_LIMIT = 10_000
+
+
+def backfill_call(
+    queue: str, since: datetime, until: datetime, limit: int = WINDOW_LIMIT
+) -> Call[int]:
+    return Call(
+        _statement("backfill"),
+        {"queue": queue, "since": since, "until": until, "limit": limit},
+        count,
+    )
+
+
+def recover_call(
+    queue: str, since: datetime, until: datetime | None = None, limit: int = WINDOW_LIMIT
+) -> Call[int]:
+    return Call(
+        _statement("recover"),
+        {"queue": queue, "since": since, "until": until, "limit": limit},
+        count,
+    )
+
+
 def next_wakeup_call(queues: Iterable[str] | None = None) -> Call[float | None]:
     return Call(_statement("next_wakeup"), {"queues": _queues(queues)}, scalar)
 
@@ -451,6 +476,39 @@ def run_now_matching(
     """:func:`run_now` for the live deliveries of ``queue`` that match, as
     :func:`cancel_matching`'s filters."""
     return run(run_now_matching_call(queue, routing_key_prefix, older_than), using)
+
+
+def backfill(
+    queue: str,
+    since: datetime,
+    until: datetime,
+    limit: int = WINDOW_LIMIT,
+    *,
+    using: str | None = None,
+) -> int:
+    """Give ``queue`` the stored messages published from ``since`` to before ``until`` (and
+    before the queue was made) that its binding matches, oldest first, at most ``limit``.
+
+    A message the queue has or had (a delivery, a dead letter, an attempt) is skipped: a
+    second call adds nothing, or the next ``limit`` when more matched. Refused (an unknown
+    queue, a window without both ends or ending before it starts, a queue that keeps no
+    history) with a database error, nothing changed. Returns how many deliveries it made.
+    """
+    return run(backfill_call(queue, since, until, limit), using)
+
+
+def recover(
+    queue: str,
+    since: datetime,
+    until: datetime | None = None,
+    limit: int = WINDOW_LIMIT,
+    *,
+    using: str | None = None,
+) -> int:
+    """Requeue the dead letters of ``queue`` that died from ``since`` to before ``until``
+    (None: now), oldest first, at most ``limit``; returns how many. Refused as
+    :func:`backfill`, nothing changed."""
+    return run(recover_call(queue, since, until, limit), using)
 
 
 def next_wakeup(queues: Iterable[str] | None = None, *, using: str | None = None) -> float | None:

@@ -632,7 +632,11 @@ class Queue(models.Model):
         db_table = "pgmb_queue"
         ordering = ["name"]
         # Pausing is not "change": the admin's pause and resume actions are granted this.
-        permissions = [("pause_queue", "Can pause and resume queues")]
+        permissions = [
+            ("pause_queue", "Can pause and resume queues"),
+            ("backfill_queue", "Can backfill queues with stored messages"),
+            ("recover_queue", "Can recover the dead letters of queues"),
+        ]
         triggers = [
             _trigger(
                 "queue_prepare",

@@ -21,6 +21,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from pgmb import indb
+from pgmb.db.conninfo import conninfo_from_django
 from pgmb.models import Queue, Worker
 
 _names = itertools.count(1)
@@ -46,6 +47,19 @@ def make_queue(db, make_worker) -> Callable[..., Queue]:
         )
 
     return make
+
+
+@pytest.fixture
+def events_on(db) -> Iterator[None]:
+    """Operational events on for the test (committed, so that dispatchers' own sessions see
+    it), off again after: the switch is a row of pgmb.event_settings, which a test's
+    flush does not reset."""
+    with psycopg.connect(**conninfo_from_django("default"), autocommit=True) as conn:
+        conn.execute("SELECT pgmb.set_events(true)")
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pgmb.set_events(false)")
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from .. import metrics, routing
 from ..endpoint_masking import mask_credentials
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Queue, Worker
-from . import breakers, dead_letters, health, pausing, worker_test
+from . import breakers, dead_letters, health, pausing, windows, worker_test
 from .common import refuse_unpermitted, touches_hidden_field
 from .forms import WorkerForm
 from .retiring_secrets import RetiringSecretInline
@@ -361,7 +361,7 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     list_select_related = ("worker",)
     search_fields = ("name", "binding_key")
     readonly_fields = ("pattern", "sql_views", "id", "created_at")
-    actions = (*pausing.QUEUE_ACTIONS, "requeue_dead_letters")
+    actions = (*pausing.QUEUE_ACTIONS, "requeue_dead_letters", *windows.ACTIONS)
     fieldsets = (
         (None, {"fields": ("name", "binding_key", "pattern", "worker", "paused", "keep_history")}),
         (
@@ -487,11 +487,33 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        refuse_unpermitted(self, request, [*pausing.QUEUE_ACTIONS, "requeue_dead_letters"])
+        refuse_unpermitted(
+            self, request, [*pausing.QUEUE_ACTIONS, "requeue_dead_letters", *windows.ACTIONS]
+        )
         return super().changelist_view(request, extra_context)
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return dead_letters.can_requeue(request)
+
+    def has_backfill_permission(self, request: HttpRequest) -> bool:
+        return windows.can_backfill(request)
+
+    def has_recover_permission(self, request: HttpRequest) -> bool:
+        return windows.can_recover(request)
+
+    @admin.action(
+        permissions=["backfill"], description=_("Backfill… (stored messages of a window)")
+    )
+    def backfill_queues(
+        self, request: HttpRequest, queryset: QuerySet[Queue]
+    ) -> TemplateResponse | None:
+        return windows.backfill_queues(self, request, queryset)
+
+    @admin.action(permissions=["recover"], description=_("Recover… (dead letters of a window)"))
+    def recover_queues(
+        self, request: HttpRequest, queryset: QuerySet[Queue]
+    ) -> TemplateResponse | None:
+        return windows.recover_queues(self, request, queryset)
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         # Through the worker: the same fields as WorkerAdmin hides.

@@ -331,4 +331,17 @@ class Migration(migrations.Migration):
                 ),
             ),
         ),
+        # Backfill and recover (docs/decisions/0086-backfill-and-recover.md): the admin's
+        # actions' permissions. Options only: nothing in the database changes.
+        migrations.AlterModelOptions(
+            name="queue",
+            options={
+                "ordering": ["name"],
+                "permissions": [
+                    ("pause_queue", "Can pause and resume queues"),
+                    ("backfill_queue", "Can backfill queues with stored messages"),
+                    ("recover_queue", "Can recover the dead letters of queues"),
+                ],
+            },
+        ),
     ]

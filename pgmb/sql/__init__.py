@@ -39,6 +39,7 @@ SCHEMA: tuple[str, ...] = (
     "tables",
     "views",
     "publish",
+    "events",
     "tasks",
     "deliveries",
     "fairness",

@@ -146,6 +146,12 @@ _BY_FUNCTION = {
     ("breaker_admit", "lease"): "gen_random_uuid()",
     ("post", "body"): "'{}'",
     ("post_via_plpython", "body"): "'{}'",
+    ("publish_event", "routing_key"): "'pgmb.doc'",
+    ("delivery_event", "routing_key"): "'pgmb.doc'",
+    ("backfill", "since"): "now() - interval '1 hour'",
+    ("backfill", "until"): "now()",
+    ("recover", "since"): "now() - interval '1 hour'",
+    ("recover", "until"): "now()",
 }
 _BY_NAME = {
     "id": "gen_random_uuid()",

@@ -1864,3 +1864,234 @@ END $$;
 DROP FUNCTION IF EXISTS pgmb.cancel(text, text, interval), pgmb.cancel(bigint[]),
     pgmb.run_now(text, text, interval), pgmb.run_now(bigint[]),
     pgmb.matching_deliveries(text, text, interval), pgmb.canceled_in_flight();
+
+-- ==== Operational events ====
+-- 0.1.1's functions that publish no events, then what events.sql made goes.
+
+CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    settled integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
+            AS u(id, lease_id, status, error, retry_after, duration_ms)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
+               q.backoff_base, q.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
+            available_at = clock_timestamp()
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.nack(queue_name text, delivery_ids bigint[], read_counts integer[], errors text[] DEFAULT NULL::text[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q record;
+    settled integer;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
+    IF cardinality(delivery_ids) IS DISTINCT FROM cardinality(read_counts)
+       OR (errors IS NOT NULL AND cardinality(errors) <> cardinality(delivery_ids)) THEN
+        RAISE EXCEPTION 'pgmb.nack needs one read count (and one error, if any) per message id (% ids, % read counts, % errors)',
+                        cardinality(delivery_ids), coalesce(cardinality(read_counts), 0), coalesce(cardinality(errors), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH input AS (
+        SELECT u.id, u.read_ct, left(coalesce(u.error, ''), 2000) AS error
+        FROM unnest(delivery_ids, read_counts, coalesce(errors, array_fill(NULL::text, ARRAY[cardinality(delivery_ids)])))
+            AS u(id, read_ct, error)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.error,
+               d.attempts >= 1 + coalesce(m.max_retries, qu.max_retries) AS exhausted,
+               qu.backoff_base, qu.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.attempts = u.read_ct AND d.state = 'ready'
+        JOIN pgmb_queue qu ON qu.id = d.queue_id AND qu.id = q.id
+        JOIN pgmb_message m ON m.id = d.message_id
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t WHERE d.id = t.id AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, NULL, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        RETURNING 1
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET last_status = NULL, last_error = t.error,
+            available_at = clock_timestamp()
+                + coalesce(t.retry_delay, pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max))
+                  * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE 'retry' END,
+               NULL, NULL, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- First, before any expression a planted operator could match (tables.sql).
+    closed boolean := pgmb.refuse_writable_schemas();
+    q record;
+    t timestamptz := clock_timestamp();
+    body_filter jsonb := filter -> 'body';
+    headers_filter jsonb := filter -> 'headers';
+    remaining integer := qty;
+    got pgmb.pull_message[];
+    buried integer;
+    seen bigint[] := '{}';
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_args(vt, qty, filter);
+    IF q.paused THEN
+        RETURN;
+    END IF;
+    LOOP
+        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
+        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
+        -- statement, as pgmb.settle_failures does with push failures.
+        WITH picked AS (
+            -- A first read cannot be the last one: only a delivery read before looks up its
+            -- message's own max_retries.
+            SELECT d.id, d.available_at AS was, lim.max_retries,
+                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
+            FROM pgmb_delivery d
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN d.attempts = 0 THEN NULL
+                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
+                                          q.max_retries) END AS max_retries
+            ) AS lim
+            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
+              AND d.id <> ALL (seen)
+              AND (filter IS NULL
+                   OR EXISTS (SELECT 1 FROM pgmb_message m
+                              WHERE m.id = d.message_id
+                                AND (body_filter IS NULL OR m.body @> body_filter)
+                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
+            ORDER BY d.priority, d.available_at, d.id
+            LIMIT remaining
+            FOR UPDATE OF d SKIP LOCKED
+        ), dead AS (
+            DELETE FROM pgmb_delivery d
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
+            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
+                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error
+        ), dead_letters AS (
+            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
+            FROM dead x
+            ON CONFLICT (message_id, queue_id) DO UPDATE
+            SET attempts = excluded.attempts, last_status = excluded.last_status,
+                last_error = excluded.last_error, created_at = excluded.created_at
+        ), history AS (
+            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
+            FROM dead x
+            RETURNING 1
+        ), r AS (
+            UPDATE pgmb_delivery d
+            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
+        )
+        SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
+                             m.body, m.headers, m.routing_key)::pgmb.pull_message
+                         ORDER BY r.priority, p.was, r.id),
+               (SELECT count(*) FROM history)
+        INTO got, buried
+        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id;
+        IF got IS NOT NULL THEN
+            RETURN QUERY SELECT * FROM unnest(got);
+            remaining := remaining - cardinality(got);
+        END IF;
+        -- Only dead-lettered rows make room for more in the same read.
+        EXIT WHEN buried = 0 OR remaining <= 0;
+        seen := seen || ARRAY(SELECT g.delivery_id FROM unnest(got) AS g);
+    END LOOP;
+END $$;
+
+SELECT pgmb.pin_definers(ARRAY['pgmb.nack(text, bigint[], integer[], text[])',
+                               'pgmb.read(text, double precision, integer, jsonb)']);
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
+
+CREATE OR REPLACE FUNCTION pgmb.breaker_announce(worker_name text, state text, reason text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE WARNING 'pgmb: circuit breaker of worker % is %: %', worker_name, replace(state, '_', '-'), reason
+        USING ERRCODE = '01PB0',
+              DETAIL = json_build_object('worker', worker_name, 'state', state, 'reason', reason)::text;
+    IF state = 'closed' THEN
+        -- Its deliveries are claimable again: wake dispatchers that sleep (none: no cost).
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+END $$;
+
+DROP FUNCTION pgmb.dead_letter_event(uuid, uuid, integer, integer, text),
+    pgmb.delivery_event(text, uuid, uuid, jsonb), pgmb.publish_event(text, jsonb), pgmb.set_events(boolean), pgmb.events_enabled();
+DROP TABLE pgmb.event_settings;
+
+-- ==== Backfill and recover ====
+
+DROP FUNCTION pgmb.recover(text, timestamptz, timestamptz, integer),
+    pgmb.backfill(text, timestamptz, timestamptz, integer),
+    pgmb.check_window(text, text, timestamptz, timestamptz, integer);

@@ -3017,8 +3017,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
-    -- Where an expiry is decided (docs/decisions/0083-expiry.md): the place to emit the
-    -- operational event pgmb.expired, one per row of `gone`.
+    -- Each expiry is announced (pgmb.expired, events.sql) from the history's rows.
     WITH due AS (
         SELECT d.id FROM pgmb_delivery d
         WHERE d.expires_at <= clock_timestamp() AND d.state <> 'leased'
@@ -3045,7 +3044,8 @@ BEGIN
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
         SELECT g.message_id, g.queue_id, g.attempts, 'ttl', NULL, NULL, g.error, clock_timestamp()
         FROM gone g
-        RETURNING 1
+        RETURNING pgmb.delivery_event('pgmb.expired', message_id, queue_id,
+                                      jsonb_build_object('attempts', attempt, 'error', error))
     )
     -- Data-modifying CTEs always run to completion, read or not.
     SELECT count(*)::integer INTO n FROM history;
@@ -3607,4 +3607,462 @@ REVOKE EXECUTE ON FUNCTION
     pgmb.matching_deliveries(text, text, interval),
     pgmb.run_now(bigint[]),
     pgmb.run_now(text, text, interval)
+FROM PUBLIC;
+
+-- ==== Operational events ====
+-- pgmb/sql/schema/events.sql whole (the settings row, pgmb.publish_event and the dead
+-- letter's event), and the functions that publish them: pgmb.settle_failures, pgmb.nack and
+-- pgmb.read (dead letters), pgmb.breaker_announce (a breaker opened or closed). Their
+-- arguments and results are 0.1.1's: a dispatcher of 0.1.1 calls them as before, and its
+-- dead letters are announced too.
+
+-- Operational events (docs/operations.md, Events; docs/decisions/0085-operational-events.md):
+-- pgmb publishes messages of its own, under routing keys that begin with `pgmb.`, when a
+-- delivery is dead-lettered (pgmb.dead_lettered), when a worker's circuit breaker opens or
+-- closes (pgmb.breaker.opened, pgmb.breaker.closed) and when a delivery expires
+-- (pgmb.expired). A queue bound to `pgmb.#` gets them all and can page someone. Off by
+-- default.
+--
+-- Whether they are published is one row of pgmb.event_settings, read only where an event
+-- would be published (a dead letter, a breaker's transition): the paths where nothing dies
+-- read nothing more. A row, not a setting of the session: `manage.py pgmb_events on`
+-- reaches the dispatchers already running, at their next statement.
+--
+-- Never recursive: an event about a delivery of a message whose routing key is under `pgmb.`
+-- (an event's own delivery dying) is not published.
+--
+-- Publishing an event inserts one message, which the routing trigger routes as any other:
+-- new rows of pgmb_message and pgmb_delivery, no lock on a row that exists already, so it
+-- waits for no other transaction's delivery or worker rows (a settle or a claim holds those):
+-- no deadlock with routing or with other dispatchers (tests/dispatch/test_events.py runs
+-- several). The functions that publish run as their caller: the owner, a pgmb_admin member
+-- (a dispatcher), or the owner again inside a definer (pgmb.nack of a consumer role); each
+-- may insert messages.
+
+-- The switch: one row, off until `manage.py pgmb_events on` (pgmb.set_events).
+CREATE TABLE IF NOT EXISTS pgmb.event_settings (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    enabled boolean NOT NULL DEFAULT false
+);
+INSERT INTO pgmb.event_settings DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- Whether events are published.
+CREATE OR REPLACE FUNCTION pgmb.events_enabled() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT s.enabled FROM pgmb.event_settings s), false)
+$$;
+
+-- Turn events on or off (`manage.py pgmb_events`); returns the new state.
+CREATE OR REPLACE FUNCTION pgmb.set_events(enabled boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF enabled IS NULL THEN
+        RAISE EXCEPTION 'events are on (true) or off (false), not NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    INSERT INTO pgmb.event_settings AS s (one, enabled) VALUES (true, set_events.enabled)
+    ON CONFLICT (one) DO UPDATE SET enabled = excluded.enabled;
+    RETURN enabled;
+END $$;
+
+-- Publish an event: a message with this routing key (under `pgmb.`) and body, routed as any
+-- other. Nothing when events are off (returns NULL); else the message's id. The function the
+-- other parts of pgmb call (expiry publishes pgmb.expired through it).
+CREATE OR REPLACE FUNCTION pgmb.publish_event(routing_key text, body jsonb) RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    id uuid;
+BEGIN
+    IF NOT starts_with(coalesce(routing_key, ''), 'pgmb.') THEN
+        RAISE EXCEPTION 'invalid event routing key %: pgmb''s events are under pgmb.', quote_nullable(routing_key)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT pgmb.events_enabled() THEN
+        RETURN NULL;
+    END IF;
+    id := pgmb.uuid_v7();
+    INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority)
+    VALUES (id, routing_key, coalesce(body, 'null'::jsonb), '{}', now(), now(), 0);
+    RETURN id;
+END $$;
+
+-- An event about a delivery of a message on a queue (pgmb.dead_lettered, pgmb.expired):
+-- body {queue, worker (NULL for a pull queue), message_id, routing_key} and `details`'
+-- keys. Nothing when events are off, nor for a message whose routing key is under `pgmb.`
+-- (never recursive), nor for a message or queue gone meanwhile. Returns whether one was
+-- published. Expiry calls it with 'pgmb.expired'.
+CREATE OR REPLACE FUNCTION pgmb.delivery_event(routing_key text, message_id uuid, queue_id uuid, details jsonb)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    body jsonb;
+BEGIN
+    IF NOT pgmb.events_enabled() THEN
+        RETURN false;
+    END IF;
+    SELECT jsonb_build_object('queue', q.name, 'worker', w.name, 'message_id', m.id,
+                              'routing_key', m.routing_key) || coalesce(details, '{}')
+    INTO body
+    FROM pgmb_message m
+    JOIN pgmb_queue q ON q.id = delivery_event.queue_id
+    LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+    WHERE m.id = delivery_event.message_id AND NOT starts_with(m.routing_key, 'pgmb.');
+    IF body IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN pgmb.publish_event(routing_key, body) IS NOT NULL;
+END $$;
+
+-- The event of a dead letter (pgmb.delivery_event's pgmb.dead_lettered, with its attempts
+-- and last outcome). Called per dead letter where deliveries die (pgmb.settle_failures,
+-- pgmb.nack, pgmb.read), only for those.
+CREATE OR REPLACE FUNCTION pgmb.dead_letter_event(message_id uuid, queue_id uuid, attempts integer,
+                                                  last_status integer, last_error text)
+RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT pgmb.delivery_event('pgmb.dead_lettered', message_id, queue_id,
+                               jsonb_build_object('attempts', attempts, 'last_status', last_status,
+                                                  'last_error', last_error))
+$$;
+
+CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    settled integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
+            AS u(id, lease_id, status, error, retry_after, duration_ms)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
+               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
+               u.retry_after, u.duration_ms,
+               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
+               d.canceled_at IS NOT NULL AS canceled,
+               q.backoff_base, q.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
+        JOIN pgmb_queue q ON q.id = d.queue_id
+        JOIN pgmb_message m ON m.id = d.message_id
+        -- A pull queue has no worker; its reads' leases come here when they expire.
+        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
+        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND (t.exhausted OR t.canceled)
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        WHERE NOT t.canceled
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        -- The event of each dead letter (events.sql): evaluated for the rows buried only,
+        -- so a batch where nothing dies calls nothing.
+        RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
+            available_at = clock_timestamp()
+                + CASE WHEN t.retry_delay IS NOT NULL
+                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
+                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
+                  END * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted AND NOT t.canceled
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts,
+               CASE WHEN t.canceled THEN 'canceled' WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms,
+               CASE WHEN t.canceled THEN left(pgmb.canceled_in_flight() || ': ' || t.error, 2000) ELSE t.error END,
+               clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    -- Data-modifying CTEs always run to completion, read or not.
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.nack(queue_name text, delivery_ids bigint[], read_counts integer[], errors text[] DEFAULT NULL::text[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q record;
+    settled integer;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_ids(queue_name, q.id, delivery_ids);
+    IF cardinality(delivery_ids) IS DISTINCT FROM cardinality(read_counts)
+       OR (errors IS NOT NULL AND cardinality(errors) <> cardinality(delivery_ids)) THEN
+        RAISE EXCEPTION 'pgmb.nack needs one read count (and one error, if any) per message id (% ids, % read counts, % errors)',
+                        cardinality(delivery_ids), coalesce(cardinality(read_counts), 0), coalesce(cardinality(errors), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH input AS (
+        SELECT u.id, u.read_ct, left(coalesce(u.error, ''), 2000) AS error
+        FROM unnest(delivery_ids, read_counts, coalesce(errors, array_fill(NULL::text, ARRAY[cardinality(delivery_ids)])))
+            AS u(id, read_ct, error)
+    ), target AS (
+        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.error,
+               d.attempts >= 1 + coalesce(m.max_retries, qu.max_retries) AS exhausted,
+               qu.backoff_base, qu.backoff_max, m.retry_delay
+        FROM input u
+        JOIN pgmb_delivery d ON d.id = u.id AND d.attempts = u.read_ct AND d.state = 'ready'
+        JOIN pgmb_queue qu ON qu.id = d.queue_id AND qu.id = q.id
+        JOIN pgmb_message m ON m.id = d.message_id
+        FOR UPDATE OF d
+    ), dead AS (
+        DELETE FROM pgmb_delivery d USING target t WHERE d.id = t.id AND t.exhausted
+        RETURNING d.id
+    ), buried AS (
+        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, NULL, t.error, clock_timestamp()
+        FROM target t JOIN dead ON dead.id = t.id
+        ON CONFLICT (message_id, queue_id) DO UPDATE
+        SET attempts = excluded.attempts, last_status = excluded.last_status,
+            last_error = excluded.last_error, created_at = excluded.created_at
+        -- Each dead letter announced (pgmb.dead_lettered, events.sql).
+        RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
+    ), retried AS (
+        UPDATE pgmb_delivery d
+        SET last_status = NULL, last_error = t.error,
+            available_at = clock_timestamp()
+                + coalesce(t.retry_delay, pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max))
+                  * interval '1 second'
+        FROM target t
+        WHERE d.id = t.id AND NOT t.exhausted
+        RETURNING 1
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE 'retry' END,
+               NULL, NULL, t.error, clock_timestamp()
+        FROM target t
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO settled FROM history;
+    RETURN settled;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- First, before any expression a planted operator could match (tables.sql).
+    closed boolean := pgmb.refuse_writable_schemas();
+    q record;
+    t timestamptz := clock_timestamp();
+    -- Visible: due at or before upto (t, then see the end of the loop).
+    upto timestamptz := t;
+    body_filter jsonb := filter -> 'body';
+    headers_filter jsonb := filter -> 'headers';
+    remaining integer := qty;
+    got integer;
+BEGIN
+    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
+    PERFORM pgmb.check_pull_args(vt, qty, filter);
+    IF q.paused THEN
+        RETURN;
+    END IF;
+    LOOP
+        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
+        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
+        -- statement, as pgmb.settle_failures does with push failures; the statement then
+        -- sets pgmb.read_buried (for this transaction), which the caller cannot see in its
+        -- rows.
+        RETURN QUERY
+        WITH picked AS (
+            -- A first read cannot be the last one: only a delivery read before looks up its
+            -- message's own max_retries.
+            SELECT d.id, d.available_at AS was, lim.max_retries,
+                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
+            FROM pgmb_delivery d
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN d.attempts = 0 THEN NULL
+                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
+                                          q.max_retries) END AS max_retries
+            ) AS lim
+            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= upto
+              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
+              AND (filter IS NULL
+                   OR EXISTS (SELECT 1 FROM pgmb_message m
+                              WHERE m.id = d.message_id
+                                AND (body_filter IS NULL OR m.body @> body_filter)
+                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
+            ORDER BY d.priority, d.available_at, d.id
+            LIMIT remaining
+            FOR UPDATE OF d SKIP LOCKED
+        ), dead AS (
+            DELETE FROM pgmb_delivery d
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
+            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
+                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
+                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error,
+                      set_config('pgmb.read_buried', 'yes', true) AS buried
+        ), dead_letters AS (
+            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
+            FROM dead x
+            ON CONFLICT (message_id, queue_id) DO UPDATE
+            SET attempts = excluded.attempts, last_status = excluded.last_status,
+                last_error = excluded.last_error, created_at = excluded.created_at
+            -- Each dead letter announced (pgmb.dead_lettered, events.sql).
+            RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
+        ), history AS (
+            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
+            FROM dead x WHERE x.buried IS NOT NULL
+        ), r AS (
+            UPDATE pgmb_delivery d
+            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
+            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
+            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
+        )
+        SELECT r.id, r.message_id, r.attempts, r.created_at, r.available_at,
+               m.body, m.headers, m.routing_key::text
+        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id
+        ORDER BY r.priority, p.was, r.id;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        remaining := remaining - got;
+        -- Only dead-lettered rows make room for more in the same read (rare: a full read,
+        -- the common case, never looks).
+        EXIT WHEN remaining <= 0 OR current_setting('pgmb.read_buried', true) IS DISTINCT FROM 'yes';
+        PERFORM set_config('pgmb.read_buried', '', true);
+        -- The rows just read are due at t + vt: with a timeout that rounds to nothing they
+        -- are due at t, and must not be read twice.
+        IF t + make_interval(secs => vt) <= t THEN
+            upto := t - interval '1 microsecond';
+        END IF;
+    END LOOP;
+END $$;
+
+-- CREATE OR REPLACE reset what pull.sql sets on these two.
+SELECT pgmb.pin_definers(ARRAY['pgmb.nack(text, bigint[], integer[], text[])',
+                               'pgmb.read(text, double precision, integer, jsonb)']);
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
+    SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
+
+CREATE OR REPLACE FUNCTION pgmb.breaker_announce(worker_name text, state text, reason text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE WARNING 'pgmb: circuit breaker of worker % is %: %', worker_name, replace(state, '_', '-'), reason
+        USING ERRCODE = '01PB0',
+              DETAIL = json_build_object('worker', worker_name, 'state', state, 'reason', reason)::text;
+    IF state = 'closed' THEN
+        -- Its deliveries are claimable again: wake dispatchers that sleep (none: no cost).
+        PERFORM pgmb.wake_dispatchers();
+    END IF;
+    -- Opening and closing are events (events.sql; nothing when they are off). Half-open is
+    -- the breaker's own business: the probe's outcome opens or closes it again.
+    IF state IN ('open', 'closed') THEN
+        PERFORM pgmb.publish_event(CASE state WHEN 'open' THEN 'pgmb.breaker.opened' ELSE 'pgmb.breaker.closed' END,
+                                   jsonb_build_object('worker', worker_name, 'state', state, 'reason', reason));
+    END IF;
+END $$;
+
+-- Closed, as every function of pgmb's but the reviewed list (access.sql).
+REVOKE EXECUTE ON FUNCTION
+    pgmb.events_enabled(),
+    pgmb.set_events(boolean),
+    pgmb.publish_event(text, jsonb),
+    pgmb.delivery_event(text, uuid, uuid, jsonb),
+    pgmb.dead_letter_event(uuid, uuid, integer, integer, text)
+FROM PUBLIC;
+
+-- ==== Backfill and recover ====
+
+CREATE OR REPLACE FUNCTION pgmb.check_window(action text, queue_name text, since timestamptz,
+                                             until timestamptz, max_count integer)
+RETURNS uuid
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    qid uuid;
+BEGIN
+    IF since IS NULL OR until IS NULL OR since IN ('-infinity', 'infinity') OR until IN ('-infinity', 'infinity') THEN
+        RAISE EXCEPTION 'invalid window for %: since and until are both needed, finite times (% to %)',
+                        action, coalesce(since::text, 'NULL'), coalesce(until::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF until < since THEN
+        RAISE EXCEPTION 'invalid window for %: until % is before since %', action, until, since
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_count IS NULL OR max_count NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid max_count % for %: 1 to 1000000 a call (call again for more)',
+                        coalesce(max_count::text, 'NULL'), action
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
+    IF qid IS NULL THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN qid;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.backfill(queue_name text, since timestamptz, until timestamptz,
+                                         max_count integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    qid uuid := pgmb.check_window('backfill', queue_name, since, until, max_count);
+    q pgmb_queue;
+    n integer;
+BEGIN
+    SELECT * INTO q FROM pgmb_queue qu WHERE qu.id = qid;
+    IF NOT q.keep_history THEN
+        RAISE EXCEPTION 'queue % keeps no history: a backfill could not tell what it consumed', quote_literal(q.name)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('SELECT pgmb.set_keep_history(%L, true); first.', q.name);
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT m.id, q.id, 'ready', 0, greatest(m.available_at, now()), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+    FROM pgmb_message m
+    WHERE m.created_at >= since AND m.created_at < least(until, q.created_at)
+      AND ('.' || m.routing_key) ~ q.pattern
+      AND NOT EXISTS (SELECT FROM pgmb_delivery d WHERE d.message_id = m.id AND d.queue_id = q.id)
+      AND NOT EXISTS (SELECT FROM pgmb_dead_letter x WHERE x.message_id = m.id AND x.queue_id = q.id)
+      AND NOT EXISTS (SELECT FROM pgmb_attempt a WHERE a.message_id = m.id AND a.queue_id = q.id)
+      AND NOT EXISTS (SELECT FROM pgmb_archive_item i WHERE i.message_id = m.id)
+    ORDER BY m.created_at, m.id
+    LIMIT max_count
+    ON CONFLICT (message_id, queue_id) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+    RETURN n;
+END $$;
+
+CREATE OR REPLACE FUNCTION pgmb.recover(queue_name text, since timestamptz, until timestamptz DEFAULT now(),
+                                        max_count integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    qid uuid := pgmb.check_window('recover', queue_name, since, until, max_count);
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
+    RETURN pgmb.requeue(ARRAY(
+        SELECT x.id FROM pgmb_dead_letter x
+        WHERE x.queue_id = qid AND x.created_at >= since AND x.created_at < until
+        ORDER BY x.created_at, x.id
+        LIMIT max_count));
+END $$;
+
+-- Closed, as every function of pgmb's but the reviewed list (access.sql).
+REVOKE EXECUTE ON FUNCTION
+    pgmb.check_window(text, text, timestamptz, timestamptz, integer),
+    pgmb.backfill(text, timestamptz, timestamptz, integer),
+    pgmb.recover(text, timestamptz, timestamptz, integer)
 FROM PUBLIC;

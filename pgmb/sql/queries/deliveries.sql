@@ -83,3 +83,11 @@ SELECT r.due, r.waiting FROM pgmb.run_now(delivery_ids => %(ids)s::bigint[]) AS 
 SELECT r.due, r.waiting
 FROM pgmb.run_now(queue_name => %(queue)s::text, routing_key_prefix => %(prefix)s::text,
                   older_than => %(older_than)s::interval) AS r
+
+-- name: backfill
+SELECT pgmb.backfill(queue_name => %(queue)s, since => %(since)s::timestamptz,
+                     until => %(until)s::timestamptz, max_count => %(limit)s)
+
+-- name: recover
+SELECT pgmb.recover(queue_name => %(queue)s, since => %(since)s::timestamptz,
+                    until => coalesce(%(until)s::timestamptz, now()), max_count => %(limit)s)

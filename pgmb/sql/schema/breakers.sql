@@ -92,8 +92,9 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT least(cooldown_max, cooldown * 2 ^ least(greatest(trips - 1, 0), 30))
 $$;
 
--- Tell whoever listens (the dispatcher's log, the server log) of a transition, once: each
--- transition is made by one transaction, which raises this once.
+-- Tell whoever listens (the dispatcher's log, the server log, a queue bound to
+-- pgmb.breaker.* when events are on) of a transition, once: each transition is made by one
+-- transaction, which raises this once.
 CREATE OR REPLACE FUNCTION pgmb.breaker_announce(worker_name text, state text, reason text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -103,6 +104,12 @@ BEGIN
     IF state = 'closed' THEN
         -- Its deliveries are claimable again: wake dispatchers that sleep (none: no cost).
         PERFORM pgmb.wake_dispatchers();
+    END IF;
+    -- Opening and closing are events (events.sql; nothing when they are off). Half-open is
+    -- the breaker's own business: the probe's outcome opens or closes it again.
+    IF state IN ('open', 'closed') THEN
+        PERFORM pgmb.publish_event(CASE state WHEN 'open' THEN 'pgmb.breaker.opened' ELSE 'pgmb.breaker.closed' END,
+                                   jsonb_build_object('worker', worker_name, 'state', state, 'reason', reason));
     END IF;
 END $$;
 

@@ -306,8 +306,8 @@ END $$;
 -- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
 -- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. A
 -- delivery cancelled while leased (pgmb.cancel) is neither: it is deleted, its attempt
--- recorded as 'canceled'. The circuit breakers hear of the outcomes first. Planned as
--- pgmb.claim.
+-- recorded as 'canceled'. The circuit breakers hear of the outcomes first; each dead letter
+-- is announced (pgmb.dead_lettered, events.sql). Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -347,7 +347,9 @@ BEGIN
         ON CONFLICT (message_id, queue_id) DO UPDATE
         SET attempts = excluded.attempts, last_status = excluded.last_status,
             last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
+        -- The event of each dead letter (events.sql): evaluated for the rows buried only,
+        -- so a batch where nothing dies calls nothing.
+        RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
     ), retried AS (
         UPDATE pgmb_delivery d
         SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
@@ -481,8 +483,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
-    -- Where an expiry is decided (docs/decisions/0083-expiry.md): the place to emit the
-    -- operational event pgmb.expired, one per row of `gone`.
+    -- Each expiry is announced (pgmb.expired, events.sql) from the history's rows.
     WITH due AS (
         SELECT d.id FROM pgmb_delivery d
         WHERE d.expires_at <= clock_timestamp() AND d.state <> 'leased'
@@ -509,7 +510,8 @@ BEGIN
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
         SELECT g.message_id, g.queue_id, g.attempts, 'ttl', NULL, NULL, g.error, clock_timestamp()
         FROM gone g
-        RETURNING 1
+        RETURNING pgmb.delivery_event('pgmb.expired', message_id, queue_id,
+                                      jsonb_build_object('attempts', attempt, 'error', error))
     )
     -- Data-modifying CTEs always run to completion, read or not.
     SELECT count(*)::integer INTO n FROM history;
@@ -616,6 +618,104 @@ BEGIN
         PERFORM pg_notify('pgmb', '');
     END IF;
     RETURN n;
+END $$;
+
+-- The window and count of pgmb.backfill and pgmb.recover, checked: a bounded window (both
+-- ends given, the end not before the start) and 1 to 1,000,000 rows a call. Returns the
+-- queue's id; an unknown queue is refused. Nothing is written before this passes.
+CREATE OR REPLACE FUNCTION pgmb.check_window(action text, queue_name text, since timestamptz,
+                                             until timestamptz, max_count integer)
+RETURNS uuid
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    qid uuid;
+BEGIN
+    IF since IS NULL OR until IS NULL OR since IN ('-infinity', 'infinity') OR until IN ('-infinity', 'infinity') THEN
+        RAISE EXCEPTION 'invalid window for %: since and until are both needed, finite times (% to %)',
+                        action, coalesce(since::text, 'NULL'), coalesce(until::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF until < since THEN
+        RAISE EXCEPTION 'invalid window for %: until % is before since %', action, until, since
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_count IS NULL OR max_count NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'invalid max_count % for %: 1 to 1000000 a call (call again for more)',
+                        coalesce(max_count::text, 'NULL'), action
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT q.id INTO qid FROM pgmb_queue q WHERE q.name = queue_name;
+    IF qid IS NULL THEN
+        RAISE EXCEPTION 'queue % does not exist', quote_nullable(queue_name) USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN qid;
+END $$;
+
+-- Gives a queue the stored messages of a window (published at or after `since`, before
+-- `until`) that its binding matches and that were published before the queue was made (a
+-- later one was routed to it when published): one new delivery each, due at once (or when
+-- the message is, if delayed), with the message's priority, group and dependencies, in
+-- publish order. A message the queue has or had (a delivery, a dead letter, an attempt) is
+-- skipped, so a second call adds nothing; at most max_count a call, oldest first (call
+-- again until it returns 0). A queue that keeps no history (a pull queue's keep_history
+-- off) is refused: it could not tell what it consumed. Messages archived are no longer
+-- stored, and one claimed by an archive run is skipped (the shared claim lock, as
+-- pgmb.replay). Returns how many deliveries were created.
+CREATE OR REPLACE FUNCTION pgmb.backfill(queue_name text, since timestamptz, until timestamptz,
+                                         max_count integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    qid uuid := pgmb.check_window('backfill', queue_name, since, until, max_count);
+    q pgmb_queue;
+    n integer;
+BEGIN
+    SELECT * INTO q FROM pgmb_queue qu WHERE qu.id = qid;
+    IF NOT q.keep_history THEN
+        RAISE EXCEPTION 'queue % keeps no history: a backfill could not tell what it consumed', quote_literal(q.name)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('SELECT pgmb.set_keep_history(%L, true); first.', q.name);
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
+    INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
+                               priority, group_key, depends_on, dependents)
+    SELECT m.id, q.id, 'ready', 0, greatest(m.available_at, now()), now(),
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+    FROM pgmb_message m
+    WHERE m.created_at >= since AND m.created_at < least(until, q.created_at)
+      AND ('.' || m.routing_key) ~ q.pattern
+      AND NOT EXISTS (SELECT FROM pgmb_delivery d WHERE d.message_id = m.id AND d.queue_id = q.id)
+      AND NOT EXISTS (SELECT FROM pgmb_dead_letter x WHERE x.message_id = m.id AND x.queue_id = q.id)
+      AND NOT EXISTS (SELECT FROM pgmb_attempt a WHERE a.message_id = m.id AND a.queue_id = q.id)
+      AND NOT EXISTS (SELECT FROM pgmb_archive_item i WHERE i.message_id = m.id)
+    ORDER BY m.created_at, m.id
+    LIMIT max_count
+    ON CONFLICT (message_id, queue_id) DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('pgmb', '');
+    END IF;
+    RETURN n;
+END $$;
+
+-- Requeues the dead letters of a queue that died in a window (dead since at or after
+-- `since`, before `until`, by default now), oldest first, at most max_count a call
+-- (pgmb.requeue: attempts from 0, due now). A requeued dead letter is no longer one, so a
+-- second call adds nothing (until a delivery dies again). Takes the archive's shared claim
+-- lock, as pgmb.replay. Returns how many were requeued.
+CREATE OR REPLACE FUNCTION pgmb.recover(queue_name text, since timestamptz, until timestamptz DEFAULT now(),
+                                        max_count integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    qid uuid := pgmb.check_window('recover', queue_name, since, until, max_count);
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
+    RETURN pgmb.requeue(ARRAY(
+        SELECT x.id FROM pgmb_dead_letter x
+        WHERE x.queue_id = qid AND x.created_at >= since AND x.created_at < until
+        ORDER BY x.created_at, x.id
+        LIMIT max_count));
 END $$;
 
 -- The advisory lock keys of the archive: 'job' (one archive job at a time, held for its

@@ -255,7 +255,8 @@ END $$;
 -- message's retry_delay or the queue's backoff, or is dead-lettered if that was read number
 -- 1 + max_retries (the message's, else the queue's); the error goes to the history. Fenced
 -- by the read count: a reader whose timeout ran out, and whose message someone else has read
--- since, changes nothing. Returns how many were recorded.
+-- since, changes nothing. Each dead letter is announced (pgmb.dead_lettered, events.sql).
+-- Returns how many were recorded.
 CREATE OR REPLACE FUNCTION pgmb.nack(queue_name text, delivery_ids bigint[], read_counts integer[], errors text[] DEFAULT NULL::text[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -294,7 +295,8 @@ BEGIN
         ON CONFLICT (message_id, queue_id) DO UPDATE
         SET attempts = excluded.attempts, last_status = excluded.last_status,
             last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
+        -- Each dead letter announced (pgmb.dead_lettered, events.sql).
+        RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
     ), retried AS (
         UPDATE pgmb_delivery d
         SET last_status = NULL, last_error = t.error,
@@ -402,6 +404,8 @@ BEGIN
             ON CONFLICT (message_id, queue_id) DO UPDATE
             SET attempts = excluded.attempts, last_status = excluded.last_status,
                 last_error = excluded.last_error, created_at = excluded.created_at
+            -- Each dead letter announced (pgmb.dead_lettered, events.sql).
+            RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
         ), history AS (
             INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
             SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()

@@ -186,9 +186,10 @@ class StatusClassFilter(admin.SimpleListFilter):
 class AttemptStatusFilter(StatusClassFilter):
     """An attempt's status; 3xx, 4xx, 5xx and no response list failed attempts only (an
     acknowledgement through SQL may carry no status: it is not a failure, and neither is an
-    'unsent' lease, which asked no worker anything, or a pull queue's 'archived' message)."""
+    'unsent' lease, which asked no worker anything, a pull queue's 'archived' message, an
+    expiry ('ttl') or a cancel ('canceled'))."""
 
-    failures = ~Q(outcome__in=["ack", "unsent", "archived"])
+    failures = ~Q(outcome__in=["ack", "unsent", "archived", "ttl", "canceled"])
 
 
 class DeadLetterStatusFilter(StatusClassFilter):

@@ -17,7 +17,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .. import metrics, routing
+from .. import fairness, metrics, routing
 from ..endpoint_masking import mask_credentials
 from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Queue, Worker
@@ -360,7 +360,7 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     # The state column reads the worker's `active` from this join: no query per row.
     list_select_related = ("worker",)
     search_fields = ("name", "binding_key")
-    readonly_fields = ("pattern", "sql_views", "id", "created_at")
+    readonly_fields = ("pattern", "sql_views", "fair_shares", "id", "created_at")
     actions = (*pausing.QUEUE_ACTIONS, "requeue_dead_letters", *windows.ACTIONS)
     fieldsets = (
         (None, {"fields": ("name", "binding_key", "pattern", "worker", "paused", "keep_history")}),
@@ -368,9 +368,28 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
             _("Retries"),
             {"fields": ("max_retries", "backoff_base", "backoff_max", "lease_seconds")},
         ),
-        (_("Message options"), {"fields": ("dedup_window",)}),
+        (
+            _("Message options"),
+            {"fields": ("dedup_window", "message_ttl", "on_expiry", "fair_shares")},
+        ),
         (_("Monitoring"), {"fields": ("sql_views", "id", "created_at")}),
     )
+
+    @admin.display(description=_("fair shares"))
+    def fair_shares(self, obj: Queue) -> str:
+        # Set in SQL or with manage.py pgmb_fairness (docs/fairness.md): shown, not edited.
+        shares = fairness.shares(obj.name, using=obj._state.db) if obj.pk else None
+        if shares is None or shares.header is None:
+            return gettext("off: oldest first (manage.py pgmb_fairness to name a header)")
+        keys = "; ".join(
+            f"{k.key or '(none)'}: weight {k.weight}"
+            + ("" if k.max_in_flight is None else f", {k.max_in_flight} in flight at most")
+            + ("" if k.rps is None else f", {k.rps:g} rps")
+            for k in shares.keys
+        )
+        return gettext("keys of header %(header)s in turn") % {"header": shares.header} + (
+            f": {keys}" if keys else ""
+        )
 
     def get_form(
         self, request: HttpRequest, obj: Queue | None = None, change: bool = False, **kwargs: Any

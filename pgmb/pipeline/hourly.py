@@ -58,8 +58,8 @@ def figures(base: DataFrame) -> DataFrame:
     # asked anything, so it is not an attempt of the hour; an 'archived' one is a pull
     # queue's message settled without an ack, neither delivered nor failed; a 'ttl' one a
     # delivery whose time to live ran out before any request (not counted here, the live
-    # dashboard counts them).
-    base = base.where(~F.col("outcome").isin("unsent", "archived", "ttl"))
+    # dashboard counts them); a 'canceled' one an operator ended.
+    base = base.where(~F.col("outcome").isin("unsent", "archived", "ttl", "canceled"))
     # Each attempt counts for its queue, for its worker's total and for the hour's total.
     level = F.explode(
         F.array(

@@ -5,6 +5,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 import pgmb
+from pgmb import fairness
 from pgmb.models import DeadLetter, Delivery, Queue
 
 from .conftest import form_errors, table_rows, url
@@ -20,6 +21,7 @@ def queue_data(owner, **changes):
         "backoff_max": "60",
         "lease_seconds": "30",
         "dedup_window": "300",
+        "on_expiry": "dead_letter",
         "_save": "Save",
     }
     data.update(changes)
@@ -142,6 +144,18 @@ def test_change_form_shows_pattern_read_only_and_the_views(admin_client, make_qu
     assert escape(r"^\.order(?:\.[^.]*)*$") in page
     assert "Its SQL views are pgmb.billing_queue and pgmb.billing_dead_letter_queue" in page
     assert "SELECT * FROM pgmb.billing_queue WHERE acknoledge = false;" in page
+
+
+def test_change_form_shows_expiry_and_fair_shares(admin_client, make_queue):
+    queue = make_queue("order.#", name="billing")
+    page = admin_client.get(url("queue_change", queue.pk)).content.decode()
+    assert 'name="message_ttl"' in page and 'name="on_expiry"' in page
+    assert "off: oldest first" in page
+
+    fairness.set_header("billing", "tenant")
+    fairness.set_key("billing", "<acme>", weight=2, max_in_flight=3)
+    page = admin_client.get(url("queue_change", queue.pk)).content.decode()
+    assert "keys of header tenant in turn: &lt;acme&gt;: weight 2, 3 in flight at most" in page
 
 
 @pytest.mark.parametrize(

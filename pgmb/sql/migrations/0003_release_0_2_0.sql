@@ -3223,7 +3223,7 @@ LANGUAGE sql STABLE AS $$
                count(*) FILTER (WHERE a.outcome = 'ack') AS successes,
                percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE a.created_at > now() - interval '1 hour' AND a.outcome NOT IN ('unsent', 'ttl')
+        WHERE a.created_at > now() - interval '1 hour' AND a.outcome NOT IN ('unsent', 'ttl', 'canceled')
         GROUP BY q.worker_id
     ) h ON h.worker_id = w.id
     LEFT JOIN LATERAL (
@@ -3239,14 +3239,14 @@ LANGUAGE sql STABLE AS $$
     LEFT JOIN LATERAL (
         SELECT a.status_code, a.error, a.created_at
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl')
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl', 'canceled')
           AND a.created_at > now() - interval '24 hours'
         ORDER BY a.created_at DESC, a.id DESC LIMIT 1
     ) e ON true
     LEFT JOIN LATERAL (
         SELECT count(*) AS n
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl')
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl', 'canceled')
           AND a.created_at > greatest(s.at, now() - interval '24 hours')
     ) f ON true
     ORDER BY w.name
@@ -3296,7 +3296,7 @@ CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     LEFT JOIN (
         SELECT a.queue_id,
                count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
-               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl')) AS failed
+               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl', 'canceled')) AS failed
         FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
     ) h ON h.queue_id = q.id
     ORDER BY q.name

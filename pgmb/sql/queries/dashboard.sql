@@ -33,7 +33,7 @@ WITH bounds AS NOT MATERIALIZED (
 ), outcomes AS (
     SELECT r.at,
            count(*) FILTER (WHERE r.outcome = 'ack') AS delivered,
-           count(*) FILTER (WHERE r.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl')) AS failed,
+           count(*) FILTER (WHERE r.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl', 'canceled')) AS failed,
            count(*) FILTER (WHERE r.outcome = 'dead') AS dead_lettered,
            -- Deliveries whose time to live ran out unposted (pgmb.expire): no attempt.
            count(*) FILTER (WHERE r.outcome = 'ttl') AS expired_ttl,

@@ -15,8 +15,8 @@ BEGIN
     RETURN result;
 END $$;
 
--- Per worker, over the requests of its queues (not 'unsent' or 'ttl' history rows: no
--- request was made): the last hour through the index on created_at, the last success through
+-- Per worker, over the requests of its queues (not 'unsent', 'ttl' or 'canceled' history
+-- rows: no request was made, or an operator ended it): the last hour through the index on created_at, the last success through
 -- pgmb_attempt_acked, the last error and the failures since the last success through a
 -- look-back of at most 24 hours.
 CREATE OR REPLACE FUNCTION pgmb.worker_metrics() RETURNS SETOF pgmb.worker_metrics
@@ -40,7 +40,7 @@ LANGUAGE sql STABLE AS $$
                count(*) FILTER (WHERE a.outcome = 'ack') AS successes,
                percentile_cont(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE a.created_at > now() - interval '1 hour' AND a.outcome NOT IN ('unsent', 'ttl')
+        WHERE a.created_at > now() - interval '1 hour' AND a.outcome NOT IN ('unsent', 'ttl', 'canceled')
         GROUP BY q.worker_id
     ) h ON h.worker_id = w.id
     LEFT JOIN LATERAL (
@@ -56,14 +56,14 @@ LANGUAGE sql STABLE AS $$
     LEFT JOIN LATERAL (
         SELECT a.status_code, a.error, a.created_at
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl')
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl', 'canceled')
           AND a.created_at > now() - interval '24 hours'
         ORDER BY a.created_at DESC, a.id DESC LIMIT 1
     ) e ON true
     LEFT JOIN LATERAL (
         SELECT count(*) AS n
         FROM pgmb_attempt a JOIN pgmb_queue q ON q.id = a.queue_id
-        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl')
+        WHERE q.worker_id = w.id AND a.outcome NOT IN ('ack', 'unsent', 'ttl', 'canceled')
           AND a.created_at > greatest(s.at, now() - interval '24 hours')
     ) f ON true
     ORDER BY w.name
@@ -73,8 +73,8 @@ $$;
 -- queue_name reaches the scan of pgmb_queue, and each queue's deliveries are read through
 -- the partial index of its ready rows (pgmb_delivery_due); leased and waiting rows (few),
 -- and the last hour's attempts, are read once for all queues. 'unsent' and 'ttl' history
--- rows (no request was made) are not failures, and an archived message is neither delivered
--- nor failed.
+-- rows (no request was made) and 'canceled' ones (an operator ended it) are not failures,
+-- and an archived message is neither delivered nor failed.
 CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     LANGUAGE sql STABLE
     AS $$
@@ -113,7 +113,7 @@ CREATE OR REPLACE FUNCTION pgmb.metrics_all() RETURNS SETOF pgmb.queue_metrics
     LEFT JOIN (
         SELECT a.queue_id,
                count(*) FILTER (WHERE a.outcome = 'ack') AS delivered,
-               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl')) AS failed
+               count(*) FILTER (WHERE a.outcome NOT IN ('ack', 'unsent', 'archived', 'ttl', 'canceled')) AS failed
         FROM pgmb_attempt a WHERE a.created_at > now() - interval '1 hour' GROUP BY a.queue_id
     ) h ON h.queue_id = q.id
     ORDER BY q.name

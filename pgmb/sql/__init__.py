@@ -40,6 +40,7 @@ SCHEMA: tuple[str, ...] = (
     "views",
     "publish",
     "tasks",
+    "schedules",
     "deliveries",
     "breakers",
     "pull",

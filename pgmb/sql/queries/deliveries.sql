@@ -64,3 +64,6 @@ SELECT pgmb.busy(queue_names => %(queues)s)
 
 -- name: replay
 SELECT pgmb.replay(message_ids => %(ids)s::uuid[], queue_names => %(queues)s::text[])
+
+-- name: fire_schedules
+SELECT fired, next_in FROM pgmb.fire_due_schedules(max_count => %(limit)s)

@@ -200,3 +200,33 @@ def test_a_schedule_that_cannot_publish_records_why_and_moves_on(sql):
     broken = Schedule.objects.get(name="broken")
     assert broken.last_error and broken.next_run_at > datetime.datetime.now(UTC)
     assert Message.objects.filter(routing_key="sched.fine").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("cron", "first", "fired"),
+    [
+        # Wall time (minute and hour fixed): 02:30 happens twice on 2026-10-25 in Berlin and
+        # fires once, the first time (CEST); then 02:30 CET the next day.
+        ("30 2 * * *", "2026-10-25T00:30:00", ["2026-10-25T00:30:00", "2026-10-26T01:30:00"]),
+        # Real time: every half hour fires through the repeated hour, both times.
+        (
+            "*/30 * * * *",
+            "2026-10-25T00:30:00",
+            ["2026-10-25T00:30:00", "2026-10-25T01:00:00", "2026-10-25T01:30:00"],
+        ),
+        # The skipped hour (2026-03-29 02:00 → 03:00): 02:30 fires at 03:00 CEST.
+        ("30 2 * * *", "2026-03-28T01:30:00", ["2026-03-28T01:30:00", "2026-03-29T01:00:00"]),
+    ],
+)
+def test_dst_edges_fire_each_due_time_once(sql, cron, first, fired):
+    """Due times in the past, missed 'all': each pass fires the next one, in order."""
+    sid = sql(
+        "SELECT pgmb.schedule(name => 'dst', routing_key => 'sched.test', body => '1',"
+        " cron => %s, timezone => 'Europe/Berlin', missed => 'all', first_run => %s)",
+        (cron, datetime.datetime.fromisoformat(first).replace(tzinfo=UTC)),
+    )[0][0]
+    for _ in fired:
+        assert sql("SELECT pgmb.fire_schedules(1)") == [(1,)]
+    due = [datetime.datetime.fromisoformat(t).replace(tzinfo=UTC) for t in fired]
+    assert Schedule.objects.get(id=sid).last_runs == list(reversed(due))
+    assert [row[0] for row in _fired(sql)] == [schedules.message_id(sid, d) for d in due]

@@ -223,6 +223,14 @@ def expire_call(limit: int = 1000) -> Call[int]:
     return Call(_statement("expire"), {"limit": limit}, count)
 
 
+def fire_schedules_call(limit: int = 100) -> Call[tuple[int, float | None]]:
+    """Fire the schedules due (``pgmb.fire_due_schedules``): how many messages were
+    published, and the seconds until the next due schedule (None: none)."""
+    return Call(
+        _statement("fire_schedules"), {"limit": limit}, lambda n, r: (int(r[0][0]), r[0][1])
+    )
+
+
 def requeue_call(dead_letter_ids: int | Iterable[int]) -> Call[int]:
     return Call(_statement("requeue"), {"ids": _ids(dead_letter_ids)}, count)
 

@@ -47,6 +47,10 @@ class InvalidOption(PgmbError, ValueError):
     """A message option (priority, group, depends_on, dedup id, retries) breaks its rule."""
 
 
+class InvalidSchedule(PgmbError, ValueError):
+    """A schedule's cron expression, time zone, interval or message breaks its rule."""
+
+
 class UnknownDependency(PgmbError, ValueError):
     """A message depends on a message that does not exist (checked by the database)."""
 

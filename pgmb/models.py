@@ -1357,3 +1357,71 @@ class TaskResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} {self.id} ({self.status})"
+
+
+class Schedule(models.Model):
+    """A message published at each due time of a cron expression or an interval
+    (docs/schedules.md). Written through ``pgmb.schedule`` (SQL) or
+    :func:`pgmb.schedules.schedule`, which check it; fired by the dispatchers and the
+    in-database loop (``pgmb.fire_due_schedules``)."""
+
+    class Missed(models.TextChoices):
+        SKIP = "skip", _("skip: go on to the next due time after now")
+        ONCE = "once", _("once: fire once for the runs missed")
+        ALL = "all", _("all: fire every run missed")
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.TextField(unique=True)
+    #: A 5-field cron expression, read in ``timezone``; or NULL with ``every`` set.
+    cron = models.TextField(null=True, blank=True)  # noqa: DJ001 (NULL: an interval schedule)
+    every = models.DurationField(null=True, blank=True)
+    #: An IANA time zone name, in which ``cron`` is read.
+    timezone = models.TextField(_("time zone"), default="UTC", db_default="UTC")
+    missed = models.TextField(
+        _("missed runs"), choices=Missed.choices, default=Missed.ONCE, db_default="once"
+    )
+    routing_key = models.TextField()
+    body = models.JSONField()
+    headers = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
+    #: The Django task each run enqueues (pgmb.tasks.schedule_task); NULL: a plain message.
+    task = models.JSONField(null=True, blank=True)
+    paused = models.BooleanField(default=False, db_default=False)
+    next_run_at = models.DateTimeField(_("next run"))
+    #: The due times fired last, newest first (up to 10).
+    last_runs = ArrayField(models.DateTimeField(), default=list, db_default=[], blank=True)
+    #: How many messages it has published.
+    runs = models.BigIntegerField(default=0, db_default=0)
+    #: Why the last fire could not publish (NULL once one does).
+    last_error = models.TextField(null=True, blank=True)  # noqa: DJ001 (NULL: none)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "pgmb_schedule"
+        verbose_name = _("schedule")
+        ordering = ["name"]
+        # Pausing is not "change": the admin's pause and resume actions are granted this.
+        permissions = [("pause_schedule", "Can pause and resume schedules")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(cron__isnull=False, every__isnull=True)
+                | models.Q(cron__isnull=True, every__isnull=False),
+                name="pgmb_schedule_cron_or_every",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(missed="skip")
+                | models.Q(missed="once")
+                | models.Q(missed="all"),
+                name="pgmb_schedule_missed",
+            ),
+        ]
+        # The firers' and pgmb.next_wakeup's look: the earliest due time not paused.
+        indexes = [
+            models.Index(
+                fields=["next_run_at"],
+                condition=models.Q(paused=False),
+                name="pgmb_schedule_due",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name

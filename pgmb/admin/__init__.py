@@ -10,6 +10,7 @@ on one page, with charts of the last hour. Importing this package registers the 
 from .dashboard import DashboardAdmin
 from .dispatchers import DispatcherAdmin
 from .messages import AttemptAdmin, DeadLetterAdmin, DeliveryAdmin, MessageAdmin
+from .schedules import ScheduleAdmin
 from .topology import QueueAdmin, WorkerAdmin
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "DispatcherAdmin",
     "MessageAdmin",
     "QueueAdmin",
+    "ScheduleAdmin",
     "WorkerAdmin",
 ]

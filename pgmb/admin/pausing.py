@@ -1,11 +1,13 @@
 """Pausing and resuming queues and workers from the admin.
 
 A paused queue (``paused = true``) and an inactive worker (``active = false``) are skipped
-by ``pgmb.claim``: their deliveries wait, nothing is lost. The actions are granted by a
-permission of each model (``pgmb.pause_queue``, ``pgmb.pause_worker``), not by "change".
-They ask nothing (pausing is undone by resuming), change only the rows whose state
-differs, with one UPDATE, record a ``LogEntry`` for each of those rows and report with the
-messages framework how many changed and how many already were in that state.
+by ``pgmb.claim``: their deliveries wait, nothing is lost. A paused schedule fires
+nothing until resumed (its missed runs then follow its policy, docs/schedules.md). The
+actions are granted by a permission of each model (``pgmb.pause_queue``,
+``pgmb.pause_worker``, ``pgmb.pause_schedule``), not by "change". They ask nothing
+(pausing is undone by resuming), change only the rows whose state differs, with one
+UPDATE, record a ``LogEntry`` for each of those rows and report with the messages
+framework how many changed and how many already were in that state.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from ..models import Queue, Worker
+from ..models import Queue, Schedule, Worker
 from . import common
 from .common import user_id
 
@@ -31,9 +33,11 @@ if TYPE_CHECKING:
 
 PAUSE_QUEUE_PERMISSION = "pgmb.pause_queue"
 PAUSE_WORKER_PERMISSION = "pgmb.pause_worker"
+PAUSE_SCHEDULE_PERMISSION = "pgmb.pause_schedule"
 
 QUEUE_ACTIONS = ("pause_queues", "resume_queues")
 WORKER_ACTIONS = ("pause_workers", "resume_workers")
+SCHEDULE_ACTIONS = ("pause_schedules", "resume_schedules")
 
 #: The labels of the state columns.
 STATE_LABELS = {
@@ -51,6 +55,10 @@ def can_pause_queues(request: HttpRequest) -> bool:
 
 def can_pause_workers(request: HttpRequest) -> bool:
     return request.user.has_perm(PAUSE_WORKER_PERMISSION)
+
+
+def can_pause_schedules(request: HttpRequest) -> bool:
+    return request.user.has_perm(PAUSE_SCHEDULE_PERMISSION)
 
 
 def badge(state: str, title: StrOrPromise = "") -> SafeString:
@@ -73,23 +81,25 @@ def worker_state(worker: Worker) -> str:
     return "active" if worker.active else "paused"
 
 
-def _count(model: type[Queue | Worker], n: int) -> str:
+def _count(model: type[Queue | Worker | Schedule], n: int) -> str:
     if model is Queue:
         return ngettext("%(n)d queue", "%(n)d queues", n) % {"n": n}
+    if model is Schedule:
+        return ngettext("%(n)d schedule", "%(n)d schedules", n) % {"n": n}
     return ngettext("%(n)d worker", "%(n)d workers", n) % {"n": n}
 
 
 def set_paused(
     model_admin: admin.ModelAdmin[Any],
     request: HttpRequest,
-    queryset: QuerySet[Queue] | QuerySet[Worker],
+    queryset: QuerySet[Queue] | QuerySet[Worker] | QuerySet[Schedule],
     paused: bool,
 ) -> None:
-    """Pause (or resume) the selected queues or workers; report "Paused 2 queues; 1 was
-    already paused."."""
+    """Pause (or resume) the selected queues, workers or schedules; report "Paused 2
+    queues; 1 was already paused."."""
     model = queryset.model
-    if model is Queue:
-        done = _set(request, Queue, queryset, "paused", paused)
+    if model is Queue or model is Schedule:
+        done = _set(request, model, queryset, "paused", paused)
     else:
         done = _set(request, Worker, queryset, "active", not paused)
     if isinstance(done, DatabaseError):
@@ -114,7 +124,7 @@ def set_paused(
 
 def _set(
     request: HttpRequest,
-    model: type[Queue | Worker],
+    model: type[Queue | Worker | Schedule],
     queryset: QuerySet,
     field: str,
     value: bool,

@@ -230,7 +230,7 @@ class Dispatcher:
         opts = self.options
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + opts.max_seconds if opts.max_seconds else None
-        next_reclaim = next_beat = 0.0
+        next_reclaim = next_beat = next_fire = 0.0
         while not self._stopping.is_set():
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -246,6 +246,16 @@ class Dispatcher:
                 if expired := await self._claim_side(deliveries.expire_call(), 0):
                     log.info("expired deliveries (TTL) count=%d", expired)
                 next_reclaim = now + opts.reclaim_interval
+            if now >= next_fire:
+                # Schedules due (pgmb.fire_due_schedules), in their own transaction; looked
+                # at again when the next one is due, and at least every reclaim interval
+                # (one made meanwhile also wakes the loop through pgmb.next_wakeup).
+                fired, fire_in = await self._claim_side(deliveries.fire_schedules_call(), (0, None))
+                if fired:
+                    log.info("fired schedules count=%d", fired)
+                next_fire = now + min(
+                    opts.reclaim_interval, opts.reclaim_interval if fire_in is None else fire_in
+                )
             if self._stale:
                 stale, self._stale = self._stale, []
                 await self._release(stale)
@@ -289,6 +299,7 @@ class Dispatcher:
                 wake_in = await self._claims.run(deliveries.next_wakeup_call(opts.queues))
                 if wake_in is not None:
                     timeout = min(timeout, max(wake_in, 0.001))
+            timeout = min(timeout, max(next_fire - time.monotonic(), 0.001))
             if deadline is not None:
                 timeout = min(timeout, max(deadline - time.monotonic(), 0))
             # Heartbeats fall due during a long wait: each is sent and the wait goes on

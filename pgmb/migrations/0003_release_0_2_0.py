@@ -1,6 +1,7 @@
 import django.contrib.postgres.fields
 import django.core.validators
 import django.db.models.deletion
+import django.db.models.functions.datetime
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
@@ -282,6 +283,92 @@ class Migration(migrations.Migration):
                 ],
                 max_length=8,
             ),
+        ),
+        # Schedules (docs/decisions/0089-schedules-fired-by-the-loops.md): the table, before
+        # the SQL, whose functions take its row type. A new table: 0.1.1's statements never
+        # name it.
+        migrations.CreateModel(
+            name="Schedule",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.TextField(unique=True)),
+                ("cron", models.TextField(blank=True, null=True)),
+                ("every", models.DurationField(blank=True, null=True)),
+                (
+                    "timezone",
+                    models.TextField(db_default="UTC", default="UTC", verbose_name="time zone"),
+                ),
+                (
+                    "missed",
+                    models.TextField(
+                        choices=[
+                            ("skip", "skip: go on to the next due time after now"),
+                            ("once", "once: fire once for the runs missed"),
+                            ("all", "all: fire every run missed"),
+                        ],
+                        db_default="once",
+                        default="once",
+                        verbose_name="missed runs",
+                    ),
+                ),
+                ("routing_key", models.TextField()),
+                ("body", models.JSONField()),
+                (
+                    "headers",
+                    models.JSONField(db_default=models.Value({}, models.JSONField()), default=dict),
+                ),
+                ("task", models.JSONField(blank=True, null=True)),
+                ("paused", models.BooleanField(db_default=False, default=False)),
+                ("next_run_at", models.DateTimeField(verbose_name="next run")),
+                (
+                    "last_runs",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.DateTimeField(),
+                        blank=True,
+                        db_default=[],
+                        default=list,
+                        size=None,
+                    ),
+                ),
+                ("runs", models.BigIntegerField(db_default=0, default=0)),
+                ("last_error", models.TextField(blank=True, null=True)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+            ],
+            options={
+                "verbose_name": "schedule",
+                "db_table": "pgmb_schedule",
+                "ordering": ["name"],
+                "permissions": [("pause_schedule", "Can pause and resume schedules")],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("paused", False)),
+                        fields=["next_run_at"],
+                        name="pgmb_schedule_due",
+                    )
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("cron__isnull", False), ("every__isnull", True)),
+                            models.Q(("cron__isnull", True), ("every__isnull", False)),
+                            _connector="OR",
+                        ),
+                        name="pgmb_schedule_cron_or_every",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("missed", "skip"),
+                            ("missed", "once"),
+                            ("missed", "all"),
+                            _connector="OR",
+                        ),
+                        name="pgmb_schedule_missed",
+                    ),
+                ],
+            },
         ),
         RunMigrationSQL("0003_release_0_2_0"),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),

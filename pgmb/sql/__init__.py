@@ -41,6 +41,7 @@ SCHEMA: tuple[str, ...] = (
     "publish",
     "events",
     "tasks",
+    "schedules",
     "deliveries",
     "fairness",
     "breakers",

@@ -7,5 +7,6 @@ Django 5.2 (``pip install 'django-pgmb[tasks]'``, and ``"django_tasks"`` in INST
 from __future__ import annotations
 
 from .backend import PgmbBackend, UnroutedTask
+from .scheduling import schedule_task
 
-__all__ = ["PgmbBackend", "UnroutedTask"]
+__all__ = ["PgmbBackend", "UnroutedTask", "schedule_task"]

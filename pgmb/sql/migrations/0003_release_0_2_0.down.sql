@@ -2095,3 +2095,46 @@ DROP TABLE pgmb.event_settings;
 DROP FUNCTION pgmb.recover(text, timestamptz, timestamptz, integer),
     pgmb.backfill(text, timestamptz, timestamptz, integer),
     pgmb.check_window(text, text, timestamptz, timestamptz, integer);
+
+-- ==== Schedules ====
+-- 0.1.1's pgmb.next_wakeup; 0.1.1's pgmb.dispatch_loop is put back by the section "In-database
+-- loop" above. The functions of schedules.sql are dropped before the Django operation drops
+-- pgmb_schedule (those taking its row type depend on it).
+CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
+                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
+    FROM (
+        SELECT CASE WHEN due IS NOT NULL
+                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
+               END AS at
+        FROM (
+            SELECT pgmb.next_due(qu.id) AS due,
+                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
+            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
+            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+        ) AS per_queue
+        UNION ALL
+        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
+        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+    ) AS candidates);
+END $$;
+
+DROP FUNCTION IF EXISTS pgmb.loop_fire_schedules();
+DROP FUNCTION IF EXISTS pgmb.fire_schedules(integer);
+DROP FUNCTION IF EXISTS pgmb.fire_due_schedules(integer);
+DROP FUNCTION IF EXISTS pgmb.unschedule(text);
+DROP FUNCTION IF EXISTS pgmb.resume_schedule(text);
+DROP FUNCTION IF EXISTS pgmb.pause_schedule(text);
+DROP FUNCTION IF EXISTS pgmb.schedule(text, text, jsonb, jsonb, text, interval, text, text, timestamptz, jsonb);
+DROP FUNCTION IF EXISTS pgmb.schedule_message_id(bigint, timestamptz);
+DROP FUNCTION IF EXISTS pgmb.schedule_after(pgmb_schedule, timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS pgmb.cron_day_matches(date, integer[], integer[], boolean);
+DROP FUNCTION IF EXISTS pgmb.cron_next(text, text, timestamptz);
+DROP FUNCTION IF EXISTS pgmb.wall_instant(timestamp, text);
+DROP FUNCTION IF EXISTS pgmb.check_time_zone(text);
+DROP FUNCTION IF EXISTS pgmb.cron_fields(text);
+DROP FUNCTION IF EXISTS pgmb.cron_field(text, text, integer);
+DROP FUNCTION IF EXISTS pgmb.cron_number(text, text, integer);
+DROP FUNCTION IF EXISTS pgmb.cron_refuse(text, text);

@@ -91,3 +91,6 @@ SELECT pgmb.backfill(queue_name => %(queue)s, since => %(since)s::timestamptz,
 -- name: recover
 SELECT pgmb.recover(queue_name => %(queue)s, since => %(since)s::timestamptz,
                     until => coalesce(%(until)s::timestamptz, now()), max_count => %(limit)s)
+
+-- name: fire_schedules
+SELECT fired, next_in FROM pgmb.fire_due_schedules(max_count => %(limit)s)

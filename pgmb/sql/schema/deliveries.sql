@@ -121,6 +121,13 @@ BEGIN
         UNION ALL
         SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
         WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+        -- The next schedule to fire (schedules.sql), one look in pgmb_schedule_due: only one
+        -- still to come, so that a schedule overdue wakes no loop that does not fire it
+        -- (0.1.1's dispatchers would otherwise spin); the loops that fire schedules keep
+        -- their own time for the overdue ones.
+        UNION ALL
+        SELECT min(sc.next_run_at) FROM pgmb_schedule sc
+        WHERE NOT sc.paused AND sc.next_run_at > clock_timestamp()
     ) AS candidates);
 END $$;
 

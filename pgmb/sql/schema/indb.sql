@@ -641,6 +641,8 @@ DECLARE
     commit_ms float8;
     deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
     next_reclaim timestamptz := clock_timestamp();
+    -- When to fire schedules next (pgmb.loop_fire_schedules).
+    next_fire timestamptz := clock_timestamp();
     me bigint;
     next_beat timestamptz := clock_timestamp() + pgmb.indb_heartbeat_interval();
     delivered bigint := 0;
@@ -711,6 +713,10 @@ BEGIN
         IF clock_timestamp() >= next_reclaim THEN
             next_reclaim := pgmb.loop_reclaim();
         END IF;
+        -- Schedules due: published in this turn's transaction, committed with its claim.
+        IF clock_timestamp() >= next_fire THEN
+            next_fire := pgmb.loop_fire_schedules();
+        END IF;
         claimed_at := clock_timestamp();
         claimed := pgmb.loop_claim(queue_names, batch);
         IF claimed IS NULL THEN
@@ -718,7 +724,8 @@ BEGIN
             CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
             COMMIT;
             wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
-                          extract(epoch FROM deadline - clock_timestamp()));
+                          extract(epoch FROM deadline - clock_timestamp()),
+                          extract(epoch FROM next_fire - clock_timestamp()));
             COMMIT;
             PERFORM pg_sleep(greatest(wait, 0.005));
             CONTINUE;

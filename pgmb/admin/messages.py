@@ -145,6 +145,8 @@ class DeliveryInline(_TimeColumns, ReadOnlyInline):
     verbose_name_plural = _("live deliveries")
     fields = ("queue", "status", "attempts", "available_time", "created_time")
     readonly_fields = fields
+    # Each row links to the delivery's page, with its Cancel and Run now buttons.
+    show_change_link = True
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return _with_times(super().get_queryset(request).select_related("queue"))
@@ -158,6 +160,8 @@ class DeadLetterInline(ReadOnlyInline):
     model = DeadLetter
     fields = ("queue", "attempts", "last_status", "last_error", "created_at")
     readonly_fields = fields
+    # Each row links to the dead letter's page, with its Requeue button.
+    show_change_link = True
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).select_related("queue")

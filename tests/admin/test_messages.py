@@ -128,6 +128,11 @@ def test_detail_is_read_only_with_pretty_json_and_what_became_of_it(admin_client
     assert "ready" in deliveries
     dead_letters = page.split('id="dead_letters-group"', 1)[1].split("</table>", 1)[0]
     assert ">audit<" in dead_letters
+    # Each links to its own page, where its buttons are.
+    live = Delivery.objects.get(message_id=mid, queue__name="orders")
+    dead = DeadLetter.objects.get(message_id=mid)
+    assert url("delivery_change", live.pk) in deliveries
+    assert url("deadletter_change", dead.pk) in dead_letters
     assert "boom from the worker" in dead_letters
     attempts = page.split('id="attempts-group"', 1)[1].split("</table>", 1)[0]
     assert "dead-lettered" in attempts

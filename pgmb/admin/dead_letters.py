@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib import messages
 from django.contrib.admin import helpers
@@ -26,7 +26,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from .. import deliveries
-from ..models import DeadLetter, Queue
+from ..models import DeadLetter, Delivery, Queue
 from .common import user_id
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ PURGE_PERMISSION = "pgmb.purge_deadletter"
 CONFIRMATION_TEMPLATE = "admin/pgmb/dead_letter_action_confirmation.html"
 #: Dead letters listed one by one on a confirmation page; the rest are counted.
 LISTED = 100
+#: What an action locks before it acts: dead letters, or live deliveries (live_deliveries.py).
+Row = TypeVar("Row", DeadLetter, Delivery)
 
 
 def can_requeue(request: HttpRequest) -> bool:
@@ -60,10 +62,11 @@ def _database() -> str:
     return router.db_for_write(DeadLetter) or "default"
 
 
-def locked(queryset: QuerySet[DeadLetter], using: str) -> list[DeadLetter]:
-    """The selected dead letters that still exist, locked until the transaction ends."""
+def locked(queryset: QuerySet[Row], using: str) -> list[Row]:
+    """The selected dead letters (or live deliveries) that still exist, locked until the
+    transaction ends."""
     return list(
-        DeadLetter.objects.using(using)
+        queryset.model._default_manager.using(using)
         .select_for_update(of=("self",))
         .select_related("queue")
         .filter(pk__in=queryset.order_by().values("pk"))

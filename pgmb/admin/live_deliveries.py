@@ -25,7 +25,7 @@ from django.utils.translation import ngettext
 from .. import deliveries
 from ..models import Delivery
 from .common import user_id
-from .dead_letters import confirmation_page, confirmed
+from .dead_letters import confirmation_page, confirmed, locked
 
 if TYPE_CHECKING:
     from django.contrib import admin
@@ -48,17 +48,6 @@ def _deliveries(n: int) -> str:
 
 def _database() -> str:
     return router.db_for_write(Delivery) or "default"
-
-
-def _locked(queryset: QuerySet[Delivery], using: str) -> list[Delivery]:
-    """The selected deliveries that are still live, locked until the transaction ends."""
-    return list(
-        Delivery.objects.using(using)
-        .select_for_update(of=("self",))
-        .select_related("queue")
-        .filter(pk__in=queryset.order_by().values("pk"))
-        .order_by("pk")
-    )
 
 
 def cancel_selected(
@@ -87,7 +76,7 @@ def cancel_selected(
     selected = queryset.count()
     using = _database()
     with transaction.atomic(using=using):
-        rows = _locked(queryset, using)
+        rows = locked(queryset, using)
         done = deliveries.cancel([row.pk for row in rows], using=using)
     # Those ended now are deleted; those in flight are marked: logged as such.
     ended = [row for row in rows if row.state != Delivery.State.LEASED]
@@ -124,7 +113,7 @@ def run_now_selected(
     selected = queryset.count()
     using = _database()
     with transaction.atomic(using=using):
-        rows = _locked(queryset, using)
+        rows = locked(queryset, using)
         done = deliveries.run_now([row.pk for row in rows], using=using)
         # Which ones moved: those whose due time is now the transaction's.
         moved = list(

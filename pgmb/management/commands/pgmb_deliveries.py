@@ -23,12 +23,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import Error as DjangoDatabaseError
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from pgmb import deliveries
 from pgmb.cli_args import database_alias
 from pgmb.db.error_text import database_reason, one_line
 from pgmb.durations import parse_delay
+from pgmb.management.named_rows import listed, named_rows
 from pgmb.models import Delivery, Queue
 
 from .pgmb_requeue import parse_dead_letter_ref
@@ -146,23 +147,13 @@ class Command(BaseCommand):
     def _find(
         self, live: QuerySet[Delivery], refs: list[int | uuid.UUID], queue: str
     ) -> list[Delivery]:
-        """The live deliveries ``refs`` name, locked; an error naming those that are not."""
-        numbers = {ref for ref in refs if isinstance(ref, int)}
-        message_ids = {ref for ref in refs if isinstance(ref, uuid.UUID)}
-        rows = list(
-            live.select_for_update()
-            .filter(Q(pk__in=numbers) | Q(message_id__in=message_ids))
-            .order_by("pk")
-        )
-        found = {row.pk for row in rows} | {row.message_id for row in rows}
-        missing = [str(ref) for ref in dict.fromkeys(refs) if ref not in found]
+        """The rows ``refs`` name, locked; an error naming those that are not."""
+        rows, missing = named_rows(live, refs)
         if missing:
-            shown = ", ".join(missing[:5]) + (
-                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            )
             raise CommandError(
                 f"not {'a live delivery' if len(missing) == 1 else 'live deliveries'} of queue "
-                f"{queue} (unknown, finished or already cancelled): {shown}; nothing changed"
+                f"{queue} (unknown, finished or already cancelled): {listed(missing)}; "
+                "nothing changed"
             )
         return rows
 

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 import pgmb
-from pgmb import deliveries
+from pgmb import deliveries, fairness
 from pgmb.deliveries import Failure, Success
 from pgmb.models import Attempt, DeadLetter, Delivery, Message, Queue
 
@@ -171,3 +171,20 @@ def test_recover_refuses_bad_input_and_changes_nothing(make_queue, raises_sql):
         deliveries.recover("orders", now - HOUR, now, 2_000_000)
     assert set(DeadLetter.objects.values_list("pk", flat=True)) == before
     assert connection.is_usable()
+
+
+def test_backfill_makes_deliveries_as_routing_would(make_queue, sql):
+    make_queue("order.*", name="orders")
+    acme = pgmb.send("order.created", {"n": 1}, headers={"tenant": "acme"})
+    gone = pgmb.send("order.created", {"n": 2}, expires_at=timezone.now())
+    late = make_queue("order.*", name="late", message_ttl=1)
+    fairness.set_header("late", "tenant")
+
+    assert deliveries.backfill("late", timezone.now() - HOUR, timezone.now()) == 2
+
+    rows = sql("SELECT message_id, fair_key FROM pgmb_delivery WHERE queue_id = %s", (late.pk,))
+    assert dict(rows) == {acme: "acme", gone: ""}
+    # The message's own expiry, not the queue's TTL counted from a publication long past.
+    assert Delivery.objects.get(queue=late, message_id=acme).expires_at is None
+    assert deliveries.expire() == 2  # on both queues
+    assert DeadLetter.objects.get(queue=late).message_id == gone

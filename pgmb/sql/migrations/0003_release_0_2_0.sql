@@ -4024,10 +4024,13 @@ BEGIN
                   HINT = format('SELECT pgmb.set_keep_history(%L, true); first.', q.name);
     END IF;
     PERFORM pg_advisory_xact_lock_shared(pgmb.archive_lock_key('claim'));
+    -- As routing would have made it: its fairness key (fairness.sql) and the message's own
+    -- expiry (the queue's message_ttl counts from a publication long past).
     INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
-                               priority, group_key, depends_on, dependents)
+                               priority, group_key, depends_on, dependents, fair_key, expires_at)
     SELECT m.id, q.id, 'ready', 0, greatest(m.available_at, now()), now(),
-           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id)
+           m.priority, m.group_key, m.depends_on, pgmb.has_dependents(m.id),
+           pgmb.delivery_fair_key(q.fairness_header, m.headers), m.expires_at
     FROM pgmb_message m
     WHERE m.created_at >= since AND m.created_at < least(until, q.created_at)
       AND ('.' || m.routing_key) ~ q.pattern

@@ -4532,7 +4532,8 @@ BEGIN
                                         -coalesce((s.task ->> 'priority')::integer, 0),
                                         s.task ->> 'backend', s.task ->> 'task_path', s.task ->> 'queue_name',
                                         coalesce((s.task ->> 'priority')::integer, 0), NULL,
-                                        coalesce(s.task -> 'args', '[]'), coalesce(s.task -> 'kwargs', '{}')) IS NULL THEN
+                                        coalesce(s.task -> 'args', '[]'), coalesce(s.task -> 'kwargs', '{}'),
+                                        coalesce(s.headers, '{}')) IS NULL THEN
                     RAISE EXCEPTION 'no queue is bound to %: the task would never run', s.routing_key;
                 ELSE
                     published := 1;

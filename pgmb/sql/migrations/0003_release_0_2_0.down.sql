@@ -1,5 +1,6 @@
 -- Reverse of 0003_release_0_2_0: puts back 0.1.1's objects that it changed, by concern in
--- the same order as the forward file.
+-- the same order as the forward file; a function several concerns changed is put back once,
+-- in the first of them.
 
 -- ==== Pull: history when asked, reads and deletes ====
 
@@ -53,7 +54,6 @@ BEGIN
     RETURN QUERY SELECT unnest(done);
 END $$;
 
-
 DROP FUNCTION pgmb.set_keep_history(text, boolean);
 DROP FUNCTION pgmb.create(text, text, integer, uuid, boolean);
 DROP FUNCTION pgmb.check_keep_history(text, uuid, boolean);
@@ -61,11 +61,6 @@ ALTER TABLE pgmb_queue DROP CONSTRAINT pgmb_queue_history_pull_only;
 
 -- ==== Pull: reads and deletes, design B ====
 
--- Reads up to qty visible messages of a pull queue and hides them for vt seconds (PGMQ's
--- read); `filter` keeps those whose body contains it. The update and the dead-lettering find
--- their rows by primary key (id = ANY (ARRAY(...))), whatever the estimate, so the function
--- uses its generic plan (the settings at the end of this file): planning the statement at
--- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md).
 CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -880,243 +875,8 @@ DROP FUNCTION IF EXISTS pgmb.final_answer_note(integer, text, text[], text[]),
 -- 0.1.1's functions, then the cap's own objects dropped; the column is dropped by Django
 -- after this file.
 
-CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
-    LANGUAGE plpgsql
-    AS $_$
-DECLARE
-    problem text;
-BEGIN
-    PERFORM pgmb.check_name('worker', w.name);
-    IF (w.endpoint IS NULL
-        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#\[\]\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*@)?(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^/?#@\[\]:\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+)(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])?)?(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
-       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
-        -- Named with its credentials masked: an error text reaches logs and screens.
-        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(pgmb.mask_credentials(w.endpoint)), w.name
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'The endpoint must be an http:// or https:// URL without blanks, its host a name, an IPv4 address or an IPv6 address in brackets, its port (if any) from 1 to 65535.';
-    END IF;
-    IF w.rps IS NULL OR w.rps <= 0 THEN
-        RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF w.timeout IS NULL OR w.timeout <= 0 THEN
-        RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    problem := pgmb.new_secret_problem(w.secret);
-    IF problem IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
-        RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use whsec_ and the base64 of at least 16 bytes (padded or not), or a text of at least 16 bytes without control characters.';
-    END IF;
-    w := pgmb.check_breaker(w);
-    RETURN w;
-END $_$;
-
-CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
-                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
-    FROM (
-        SELECT CASE WHEN due IS NOT NULL
-                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
-               END AS at
-        FROM (
-            SELECT pgmb.next_due(qu.id) AS due,
-                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
-            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-        ) AS per_queue
-        UNION ALL
-        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
-        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-    ) AS candidates);
-END $$;
-
-CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    SET enable_sort = off
-    AS $$
-DECLARE
-    t timestamptz := clock_timestamp();
-    lease uuid := gen_random_uuid();
-    remaining integer := max_count;
-    w record;
-    q uuid;
-    tokens integer;
-    got integer;
-    breaker text;
-    bucket float8;
-    taken integer;
-    picked bigint[];
-    secrets text[];
-BEGIN
-    FOR w IN
-        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
-        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-        WHERE NOT qu.paused AND wk.active
-          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
-          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
-          -- if not, one probe per further priority (pgmb.next_due).
-          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
-                         WHERE d.queue_id = qu.id AND d.state = 'ready'
-                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
-                   ELSE pgmb.next_due(qu.id, t) <= t END
-        GROUP BY wk.id
-        ORDER BY random()
-    LOOP
-        EXIT WHEN remaining <= 0;
-        -- The bucket is the worker row. If another claim holds it right now, that claim is
-        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
-        -- written once below, less what was taken.
-        SELECT least(greatest(1, wk.rps * wk.burst),
-                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-               wk.breaker_state,
-               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
-               pgmb.signing_secrets(wk.secret, wk.id, t)
-        INTO bucket, breaker, secrets
-        FROM pgmb_worker wk WHERE wk.id = w.id
-        FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        tokens := least(floor(bucket)::integer, remaining);
-        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
-        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
-        taken := 0;
-        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
-        FOREACH q IN ARRAY w.queue_ids LOOP
-            EXIT WHEN tokens <= 0;
-            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
-            -- picked are then found by primary key, whatever the planner thinks of the table.
-            picked := ARRAY(
-                SELECT d.id FROM pgmb_delivery d
-                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                ORDER BY d.priority, d.available_at, d.id
-                LIMIT tokens
-                FOR NO KEY UPDATE SKIP LOCKED);
-            CONTINUE WHEN cardinality(picked) = 0;
-            RETURN QUERY
-            WITH leased AS (
-                -- The attempt is counted now and handed back if the lease expires unstarted.
-                UPDATE pgmb_delivery d
-                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
-                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
-                FROM pgmb_queue qu
-                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
-                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
-                          d.message_id, qu.lease_seconds
-            )
-            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
-                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
-                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
-            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
-            JOIN leased l ON l.id = p.id
-            JOIN pgmb_message m ON m.id = l.message_id
-            JOIN pgmb_worker wk ON wk.id = w.id
-            -- In the order picked.
-            ORDER BY p.n;
-            GET DIAGNOSTICS got = ROW_COUNT;
-            tokens := tokens - got;
-            remaining := remaining - got;
-            taken := taken + got;
-        END LOOP;
-        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
-    END LOOP;
-END $$;
-
-CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    acked integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
-    ), done AS (
-        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
-        RETURNING d.id, d.message_id, d.queue_id, d.attempts
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
-        FROM done JOIN input u ON u.id = done.id
-        RETURNING 1
-    )
-    SELECT count(*)::integer INTO acked FROM history;
-    RETURN acked;
-END $$;
-
-CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    settled integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
-            AS u(id, lease_id, status, error, retry_after, duration_ms)
-    ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
-               q.backoff_base, q.backoff_max, m.retry_delay
-        FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
-        JOIN pgmb_queue q ON q.id = d.queue_id
-        JOIN pgmb_message m ON m.id = d.message_id
-        FOR UPDATE OF d
-    ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
-        RETURNING d.id
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
-        FROM target t JOIN dead ON dead.id = t.id
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
-    ), retried AS (
-        UPDATE pgmb_delivery d
-        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
-            available_at = clock_timestamp()
-                + CASE WHEN t.retry_delay IS NOT NULL
-                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
-                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
-                  END * interval '1 second'
-        FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms, t.error, clock_timestamp()
-        FROM target t
-        RETURNING 1
-    )
-    -- Data-modifying CTEs always run to completion, read or not.
-    SELECT count(*)::integer INTO settled FROM history;
-    RETURN settled;
-END $$;
-
-DROP FUNCTION IF EXISTS pgmb.free_slots(uuid, integer, timestamptz), pgmb.slot_free_at(uuid, integer),
-    pgmb.wake_for_slots(bigint[]);
-DROP INDEX IF EXISTS pgmb_worker_capped;
-ALTER TABLE pgmb_worker DROP CONSTRAINT IF EXISTS pgmb_worker_max_in_flight_positive;
-
--- ==== Fair shares per key ====
-
--- Seconds until something may be claimable for these queues (NULL: nothing pending):
--- the next due delivery (the first per priority, pgmb.next_due), the next token of a
--- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
--- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
+-- 0.1.1's pgmb.next_wakeup, which the sections "A cap on requests in flight", "Fair shares
+-- per key" and "Schedules" changed.
 CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -1237,6 +997,38 @@ BEGIN
         UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
     END LOOP;
 END $$;
+
+-- Records successful attempts: the deliveries are deleted and their attempts written to the
+-- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
+CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
+    AS $$
+DECLARE
+    acked integer;
+BEGIN
+    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
+    WITH input AS (
+        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
+    ), done AS (
+        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
+        RETURNING d.id, d.message_id, d.queue_id, d.attempts
+    ), history AS (
+        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
+        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
+        FROM done JOIN input u ON u.id = done.id
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO acked FROM history;
+    RETURN acked;
+END $$;
+
+DROP FUNCTION IF EXISTS pgmb.free_slots(uuid, integer, timestamptz), pgmb.slot_free_at(uuid, integer),
+    pgmb.wake_for_slots(bigint[]);
+DROP INDEX IF EXISTS pgmb_worker_capped;
+ALTER TABLE pgmb_worker DROP CONSTRAINT IF EXISTS pgmb_worker_max_in_flight_positive;
+
+-- ==== Fair shares per key ====
 
 -- Dead letters back to their queue: attempts start again, due now, with the message's
 -- priority, group and dependencies. A requeued delivery gets a new id: in its group it goes
@@ -1387,195 +1179,6 @@ END $$;
 
 DROP FUNCTION IF EXISTS pgmb.refuse_expiry(pgmb_message);
 
--- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
--- first (priority, due time, publish order), within each worker's rate limit and circuit
--- breaker; counts the attempt. The hot statements of the claim, pgmb.start, pgmb.ack and
--- pgmb.settle_failures are planned at every call (plan_cache_mode), with the scans that an
--- estimate could pick over a queue's index turned off: a plan cached for an empty queue, or
--- made from stale statistics, would otherwise read the whole table. Rows are found through
--- the primary key (id = ANY (...)), and the claim picks into an array first and returns its
--- rows in the order picked.
-CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    SET enable_sort = off
-    AS $$
-DECLARE
-    t timestamptz := clock_timestamp();
-    lease uuid := gen_random_uuid();
-    remaining integer := max_count;
-    w record;
-    q uuid;
-    tokens integer;
-    got integer;
-    breaker text;
-    bucket float8;
-    taken integer;
-    picked bigint[];
-    secrets text[];
-BEGIN
-    FOR w IN
-        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
-        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-        WHERE NOT qu.paused AND wk.active
-          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
-          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
-          -- if not, one probe per further priority (pgmb.next_due).
-          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
-                         WHERE d.queue_id = qu.id AND d.state = 'ready'
-                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
-                   ELSE pgmb.next_due(qu.id, t) <= t END
-        GROUP BY wk.id
-        ORDER BY random()
-    LOOP
-        EXIT WHEN remaining <= 0;
-        -- The bucket is the worker row. If another claim holds it right now, that claim is
-        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
-        -- written once below, less what was taken.
-        SELECT least(greatest(1, wk.rps * wk.burst),
-                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-               wk.breaker_state,
-               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
-               pgmb.signing_secrets(wk.secret, wk.id, t)
-        INTO bucket, breaker, secrets
-        FROM pgmb_worker wk WHERE wk.id = w.id
-        FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        tokens := least(floor(bucket)::integer, remaining);
-        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
-        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
-        taken := 0;
-        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
-        FOREACH q IN ARRAY w.queue_ids LOOP
-            EXIT WHEN tokens <= 0;
-            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
-            -- picked are then found by primary key, whatever the planner thinks of the table.
-            picked := ARRAY(
-                SELECT d.id FROM pgmb_delivery d
-                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                ORDER BY d.priority, d.available_at, d.id
-                LIMIT tokens
-                FOR NO KEY UPDATE SKIP LOCKED);
-            CONTINUE WHEN cardinality(picked) = 0;
-            RETURN QUERY
-            WITH leased AS (
-                -- The attempt is counted now and handed back if the lease expires unstarted.
-                UPDATE pgmb_delivery d
-                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
-                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
-                FROM pgmb_queue qu
-                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
-                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
-                          d.message_id, qu.lease_seconds
-            )
-            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
-                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
-                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
-            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
-            JOIN leased l ON l.id = p.id
-            JOIN pgmb_message m ON m.id = l.message_id
-            JOIN pgmb_worker wk ON wk.id = w.id
-            -- In the order picked.
-            ORDER BY p.n;
-            GET DIAGNOSTICS got = ROW_COUNT;
-            tokens := tokens - got;
-            remaining := remaining - got;
-            taken := taken + got;
-        END LOOP;
-        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
-    END LOOP;
-END $$;
-
--- Reads up to qty visible messages of a pull queue and hides them for vt seconds (PGMQ's
--- read); `filter` keeps those whose body contains it. The update and the dead-lettering find
--- their rows by primary key (id = ANY (ARRAY(...))), whatever the estimate, so the function
--- uses its generic plan (the settings at the end of this file): planning the statement at
--- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md).
-CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
-LANGUAGE plpgsql AS $$
-DECLARE
-    -- First, before any expression a planted operator could match (tables.sql).
-    closed boolean := pgmb.refuse_writable_schemas();
-    q record;
-    t timestamptz := clock_timestamp();
-    body_filter jsonb := filter -> 'body';
-    headers_filter jsonb := filter -> 'headers';
-    remaining integer := qty;
-    got pgmb.pull_message[];
-    buried integer;
-    seen bigint[] := '{}';
-BEGIN
-    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    PERFORM pgmb.check_pull_args(vt, qty, filter);
-    IF q.paused THEN
-        RETURN;
-    END IF;
-    LOOP
-        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
-        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
-        -- statement, as pgmb.settle_failures does with push failures.
-        WITH picked AS (
-            -- A first read cannot be the last one: only a delivery read before looks up its
-            -- message's own max_retries.
-            SELECT d.id, d.available_at AS was, lim.max_retries,
-                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
-            FROM pgmb_delivery d
-            CROSS JOIN LATERAL (
-                SELECT CASE WHEN d.attempts = 0 THEN NULL
-                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
-                                          q.max_retries) END AS max_retries
-            ) AS lim
-            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
-              AND d.id <> ALL (seen)
-              AND (filter IS NULL
-                   OR EXISTS (SELECT 1 FROM pgmb_message m
-                              WHERE m.id = d.message_id
-                                AND (body_filter IS NULL OR m.body @> body_filter)
-                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
-            ORDER BY d.priority, d.available_at, d.id
-            LIMIT remaining
-            FOR UPDATE OF d SKIP LOCKED
-        ), dead AS (
-            DELETE FROM pgmb_delivery d
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
-            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
-                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error
-        ), dead_letters AS (
-            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
-            FROM dead x
-            ON CONFLICT (message_id, queue_id) DO UPDATE
-            SET attempts = excluded.attempts, last_status = excluded.last_status,
-                last_error = excluded.last_error, created_at = excluded.created_at
-        ), history AS (
-            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
-            FROM dead x
-            RETURNING 1
-        ), r AS (
-            UPDATE pgmb_delivery d
-            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
-            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
-        )
-        SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
-                             m.body, m.headers, m.routing_key)::pgmb.pull_message
-                         ORDER BY r.priority, p.was, r.id),
-               (SELECT count(*) FROM history)
-        INTO got, buried
-        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id;
-        IF got IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM unnest(got);
-            remaining := remaining - cardinality(got);
-        END IF;
-        -- Only dead-lettered rows make room for more in the same read.
-        EXIT WHEN buried = 0 OR remaining <= 0;
-        seen := seen || ARRAY(SELECT g.delivery_id FROM unnest(got) AS g);
-    END LOOP;
-END $$;
-
 -- pgmb.read acts for its caller and keeps its planner settings (both are the function's
 -- own, which CREATE OR REPLACE resets; pull.sql).
 SELECT pgmb.pin_definers(ARRAY['pgmb.read(text, double precision, integer, jsonb)']);
@@ -1583,23 +1186,6 @@ ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
     SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
     SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
-
--- Housekeeping for the pg_cron path: expired leases, pg_cron's own run log, the rows
--- of dispatchers stopped or gone for longer than `keep`, and expired retiring secrets.
-CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    reclaimed integer := pgmb.reclaim_expired(10000);
-BEGIN
-    IF to_regclass('cron.job_run_details') IS NOT NULL THEN
-        EXECUTE 'DELETE FROM cron.job_run_details WHERE end_time < now() - $1' USING keep;
-    END IF;
-    DELETE FROM pgmb_dispatcher d
-    WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
-      AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
-    PERFORM pgmb.forget_expired_secrets();
-    RETURN reclaimed;
-END $$;
 
 -- Per worker, over the requests of its queues (not 'unsent' history rows: no request was
 -- made): the last hour through the index on created_at, the last success through
@@ -1707,92 +1293,6 @@ $$;
 -- ==== Cancel and run now ====
 -- 0.1.1's outcome writers (before the column they read is dropped), and no cancel or run now.
 
--- Records successful attempts: the deliveries are deleted and their attempts written to the
--- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
-CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    acked integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
-    ), done AS (
-        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
-        RETURNING d.id, d.message_id, d.queue_id, d.attempts
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
-        FROM done JOIN input u ON u.id = done.id
-        RETURNING 1
-    )
-    SELECT count(*)::integer INTO acked FROM history;
-    RETURN acked;
-END $$;
-
--- Records failed attempts of leased deliveries (fenced by their lease ids): each is
--- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or
--- retried after the message's fixed retry_delay or the queue's backoff (an endpoint's
--- Retry-After may lengthen either); every attempt goes to the history, with outcome `retry_outcome`
--- or 'dead'. The circuit breakers hear of the outcomes first. Planned as pgmb.claim.
-CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    settled integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
-            AS u(id, lease_id, status, error, retry_after, duration_ms)
-    ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
-               q.backoff_base, q.backoff_max, m.retry_delay
-        FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
-        JOIN pgmb_queue q ON q.id = d.queue_id
-        JOIN pgmb_message m ON m.id = d.message_id
-        FOR UPDATE OF d
-    ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
-        RETURNING d.id
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
-        FROM target t JOIN dead ON dead.id = t.id
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
-    ), retried AS (
-        UPDATE pgmb_delivery d
-        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
-            available_at = clock_timestamp()
-                + CASE WHEN t.retry_delay IS NOT NULL
-                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
-                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
-                  END * interval '1 second'
-        FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms, t.error, clock_timestamp()
-        FROM target t
-        RETURNING 1
-    )
-    -- Data-modifying CTEs always run to completion, read or not.
-    SELECT count(*)::integer INTO settled FROM history;
-    RETURN settled;
-END $$;
-
 -- Give leased deliveries back unattempted (a dispatcher shutting down before it posted them).
 CREATE OR REPLACE FUNCTION pgmb.release(delivery_ids bigint[], lease_ids uuid[])
 RETURNS integer
@@ -1868,62 +1368,6 @@ DROP FUNCTION IF EXISTS pgmb.cancel(text, text, interval), pgmb.cancel(bigint[])
 -- ==== Operational events ====
 -- 0.1.1's functions that publish no events, then what events.sql made goes.
 
-CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_custom_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    settled integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
-            AS u(id, lease_id, status, error, retry_after, duration_ms)
-    ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status, left(coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) AS exhausted,
-               q.backoff_base, q.backoff_max, m.retry_delay
-        FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
-        JOIN pgmb_queue q ON q.id = d.queue_id
-        JOIN pgmb_message m ON m.id = d.message_id
-        FOR UPDATE OF d
-    ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
-        RETURNING d.id
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
-        FROM target t JOIN dead ON dead.id = t.id
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
-    ), retried AS (
-        UPDATE pgmb_delivery d
-        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
-            available_at = clock_timestamp()
-                + CASE WHEN t.retry_delay IS NOT NULL
-                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
-                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
-                  END * interval '1 second'
-        FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms, t.error, clock_timestamp()
-        FROM target t
-        RETURNING 1
-    )
-    -- Data-modifying CTEs always run to completion, read or not.
-    SELECT count(*)::integer INTO settled FROM history;
-    RETURN settled;
-END $$;
-
 CREATE OR REPLACE FUNCTION pgmb.nack(queue_name text, delivery_ids bigint[], read_counts integer[], errors text[] DEFAULT NULL::text[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -1983,90 +1427,6 @@ BEGIN
     RETURN settled;
 END $$;
 
-CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
-LANGUAGE plpgsql AS $$
-DECLARE
-    -- First, before any expression a planted operator could match (tables.sql).
-    closed boolean := pgmb.refuse_writable_schemas();
-    q record;
-    t timestamptz := clock_timestamp();
-    body_filter jsonb := filter -> 'body';
-    headers_filter jsonb := filter -> 'headers';
-    remaining integer := qty;
-    got pgmb.pull_message[];
-    buried integer;
-    seen bigint[] := '{}';
-BEGIN
-    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    PERFORM pgmb.check_pull_args(vt, qty, filter);
-    IF q.paused THEN
-        RETURN;
-    END IF;
-    LOOP
-        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
-        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
-        -- statement, as pgmb.settle_failures does with push failures.
-        WITH picked AS (
-            -- A first read cannot be the last one: only a delivery read before looks up its
-            -- message's own max_retries.
-            SELECT d.id, d.available_at AS was, lim.max_retries,
-                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
-            FROM pgmb_delivery d
-            CROSS JOIN LATERAL (
-                SELECT CASE WHEN d.attempts = 0 THEN NULL
-                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
-                                          q.max_retries) END AS max_retries
-            ) AS lim
-            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= t
-              AND d.id <> ALL (seen)
-              AND (filter IS NULL
-                   OR EXISTS (SELECT 1 FROM pgmb_message m
-                              WHERE m.id = d.message_id
-                                AND (body_filter IS NULL OR m.body @> body_filter)
-                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
-            ORDER BY d.priority, d.available_at, d.id
-            LIMIT remaining
-            FOR UPDATE OF d SKIP LOCKED
-        ), dead AS (
-            DELETE FROM pgmb_delivery d
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
-            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
-                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error
-        ), dead_letters AS (
-            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
-            FROM dead x
-            ON CONFLICT (message_id, queue_id) DO UPDATE
-            SET attempts = excluded.attempts, last_status = excluded.last_status,
-                last_error = excluded.last_error, created_at = excluded.created_at
-        ), history AS (
-            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
-            FROM dead x
-            RETURNING 1
-        ), r AS (
-            UPDATE pgmb_delivery d
-            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
-            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
-        )
-        SELECT array_agg(ROW(r.id, r.message_id, r.attempts, r.created_at, r.available_at,
-                             m.body, m.headers, m.routing_key)::pgmb.pull_message
-                         ORDER BY r.priority, p.was, r.id),
-               (SELECT count(*) FROM history)
-        INTO got, buried
-        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id;
-        IF got IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM unnest(got);
-            remaining := remaining - cardinality(got);
-        END IF;
-        -- Only dead-lettered rows make room for more in the same read.
-        EXIT WHEN buried = 0 OR remaining <= 0;
-        seen := seen || ARRAY(SELECT g.delivery_id FROM unnest(got) AS g);
-    END LOOP;
-END $$;
-
 SELECT pgmb.pin_definers(ARRAY['pgmb.nack(text, bigint[], integer[], text[])',
                                'pgmb.read(text, double precision, integer, jsonb)']);
 ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
@@ -2097,29 +1457,9 @@ DROP FUNCTION pgmb.recover(text, timestamptz, timestamptz, integer),
     pgmb.check_window(text, text, timestamptz, timestamptz, integer);
 
 -- ==== Schedules ====
--- 0.1.1's pgmb.next_wakeup; 0.1.1's pgmb.dispatch_loop is put back by the section "In-database
--- loop" above. The functions of schedules.sql are dropped before the Django operation drops
--- pgmb_schedule (those taking its row type depend on it).
-CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
-                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
-    FROM (
-        SELECT CASE WHEN due IS NOT NULL
-                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until)
-               END AS at
-        FROM (
-            SELECT pgmb.next_due(qu.id) AS due,
-                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until
-            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-        ) AS per_queue
-        UNION ALL
-        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
-        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-    ) AS candidates);
-END $$;
+-- 0.1.1's pgmb.next_wakeup is put back by the section "A cap on requests in flight" above,
+-- its pgmb.dispatch_loop by "In-database loop". The functions of schedules.sql are dropped
+-- before the Django operation drops pgmb_schedule (those taking its row type depend on it).
 
 DROP FUNCTION IF EXISTS pgmb.loop_fire_schedules();
 DROP FUNCTION IF EXISTS pgmb.fire_schedules(integer);

@@ -3,6 +3,9 @@
 -- the source to read; tests/migrations proves both build the same catalog. 0.1.1's
 -- dispatchers keep running while this applies: a function they call keeps its arguments
 -- and result (a changed one gets a new name beside it; CONTRIBUTING.md, Migrations).
+-- A function that several concerns changed is created once, as this release leaves it, in
+-- the section of the first concern that changed it (pgmb.claim under "A cap on requests in
+-- flight" holds the fair pick and the expiry's skip too).
 
 -- ==== Pull: history when asked, reads and deletes ====
 
@@ -122,13 +125,6 @@ REVOKE EXECUTE ON FUNCTION pgmb.create(text, text, integer, uuid, boolean),
 
 -- ==== Pull: reads and deletes, design B ====
 
--- Reads up to qty visible messages of a pull queue and hides them for vt seconds (PGMQ's
--- read); `filter` keeps those whose body contains it. The update and the dead-lettering find
--- their rows by primary key (id = ANY (ARRAY(...))), whatever the estimate, so the function
--- uses its generic plan (the settings at the end of this file): planning the statement at
--- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md). The statement's rows
--- go straight to the caller (RETURN QUERY), not through an array
--- (docs/decisions/0064-a-read-returns-its-rows-from-the-statement.md).
 CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -167,6 +163,7 @@ BEGIN
                                           q.max_retries) END AS max_retries
             ) AS lim
             WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= upto
+              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
               AND (filter IS NULL
                    OR EXISTS (SELECT 1 FROM pgmb_message m
                               WHERE m.id = d.message_id
@@ -189,6 +186,8 @@ BEGIN
             ON CONFLICT (message_id, queue_id) DO UPDATE
             SET attempts = excluded.attempts, last_status = excluded.last_status,
                 last_error = excluded.last_error, created_at = excluded.created_at
+            -- Each dead letter announced (pgmb.dead_lettered, events.sql).
+            RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
         ), history AS (
             INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
             SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
@@ -353,8 +352,8 @@ EXCEPTION WHEN others THEN
     RETURN NULL;
 END $$;
 
--- Step "reclaim": hands back the leases that ran out (dispatchers that died); returns when
--- the next reclaim is due.
+-- Step "reclaim": hands back the leases that ran out (dispatchers that died), and settles
+-- the deliveries whose time to live ran out (pgmb.expire); returns when the next is due.
 CREATE OR REPLACE FUNCTION pgmb.loop_reclaim() RETURNS timestamptz
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -362,6 +361,11 @@ BEGIN
         PERFORM pgmb.reclaim_expired();
     EXCEPTION WHEN others THEN
         RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
+    END;
+    BEGIN
+        PERFORM pgmb.expire();
+    EXCEPTION WHEN others THEN
+        RAISE WARNING 'pgmb: could not expire deliveries: %', SQLERRM;
     END;
     RETURN clock_timestamp() + pgmb.indb_reclaim_interval();
 END $$;
@@ -458,6 +462,8 @@ DECLARE
     answer record;
     answer_location text;
     answer_retry_after text;
+    aborted boolean;
+    outcome pgmb.http_outcome;
 BEGIN
     BEGIN
         IF current_setting('pgmb.http_timeout_ms', true) IS DISTINCT FROM timeout_ms THEN
@@ -465,20 +471,29 @@ BEGIN
             PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
         END IF;
         answer := http(ROW('POST', url, header_records::http_header[], 'application/json', body)::http_request);
-        -- The answer's headers are looked through only when its outcome reads them.
-        IF answer.status BETWEEN 300 AND 399 THEN
-            SELECT h.value INTO answer_location
-            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'location' LIMIT 1;
-        ELSIF answer.status IN (429, 503) THEN
-            SELECT h.value INTO answer_retry_after
-            FROM unnest(answer.headers) AS h WHERE lower(h.field) = 'retry-after' LIMIT 1;
+        -- The answer's headers are looked through only for a failure, in one pass: its
+        -- outcome reads the first Location (3xx) and Retry-After (429, 503), and the abort
+        -- header (pgmb.abort_header) ends its delivery at once.
+        IF answer.status NOT BETWEEN 200 AND 299 THEN
+            SELECT (array_agg(h.value) FILTER (WHERE lower(h.field) = 'location'))[1],
+                   (array_agg(h.value) FILTER (WHERE lower(h.field) = 'retry-after'))[1],
+                   -- The header is a list (RFC 9110, 5.6.1): any item of it will do.
+                   coalesce(bool_or(lower(h.field) = pgmb.abort_header()
+                                    AND lower(h.value) ~ ('(^|,)[ \t]*' || pgmb.abort_value() || '[ \t]*(,|$)')),
+                            false)
+            INTO answer_location, answer_retry_after, aborted
+            FROM unnest(answer.headers) AS h;
         END IF;
     EXCEPTION WHEN others THEN
         RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
                    extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
     END;
     -- Outside the subtransaction, which need only cover the call.
-    RETURN pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
+    outcome := pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
+    IF aborted THEN
+        outcome.error := pgmb.aborted_prefix() || outcome.error;
+    END IF;
+    RETURN outcome;
 END $$;
 
 -- POST through pgsql-http, the headers a jsonb object (pgmb.post's arguments, 0.1.1's).
@@ -653,6 +668,8 @@ DECLARE
     commit_ms float8;
     deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
     next_reclaim timestamptz := clock_timestamp();
+    -- When to fire schedules next (pgmb.loop_fire_schedules).
+    next_fire timestamptz := clock_timestamp();
     me bigint;
     next_beat timestamptz := clock_timestamp() + pgmb.indb_heartbeat_interval();
     delivered bigint := 0;
@@ -723,6 +740,10 @@ BEGIN
         IF clock_timestamp() >= next_reclaim THEN
             next_reclaim := pgmb.loop_reclaim();
         END IF;
+        -- Schedules due: published in this turn's transaction, committed with its claim.
+        IF clock_timestamp() >= next_fire THEN
+            next_fire := pgmb.loop_fire_schedules();
+        END IF;
         claimed_at := clock_timestamp();
         claimed := pgmb.loop_claim(queue_names, batch);
         IF claimed IS NULL THEN
@@ -730,7 +751,8 @@ BEGIN
             CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
             COMMIT;
             wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
-                          extract(epoch FROM deadline - clock_timestamp()));
+                          extract(epoch FROM deadline - clock_timestamp()),
+                          extract(epoch FROM next_fire - clock_timestamp()));
             COMMIT;
             PERFORM pg_sleep(greatest(wait, 0.005));
             CONTINUE;
@@ -937,7 +959,6 @@ END $$;
 -- operations of 0003_release_0_2_0.py (pgmb/trigger_guard.py).
 ALTER TABLE pgmb_queue SET (autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0);
 ANALYZE pgmb_queue;
-
 
 -- ==== History partitioned by time ====
 
@@ -1398,7 +1419,10 @@ BEGIN
     RETURN true;
 END $$;
 
--- pg_cron's housekeeping (pgmb.maintenance) also makes the days ahead.
+-- Housekeeping for the pg_cron path: expired leases, expired deliveries (pgmb.expire),
+-- pg_cron's own run log, the rows
+-- of dispatchers stopped or gone for longer than `keep`, expired retiring secrets, and
+-- the history's days ahead (pgmb.premake_history, history.sql).
 CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1410,6 +1434,7 @@ BEGIN
     DELETE FROM pgmb_dispatcher d
     WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
       AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
+    PERFORM pgmb.expire(10000);
     PERFORM pgmb.forget_expired_secrets();
     PERFORM pgmb.premake_history();
     RETURN reclaimed;
@@ -1625,10 +1650,10 @@ $$;
 
 -- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
 -- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
--- bucket runs no rule): the name, endpoint, rate, timeout and secret rules for every writer
--- (an unchanged endpoint or secret stays accepted: a row stored before a rule can still be
--- paused), then the circuit breaker's settings (pgmb.check_breaker) and the answers that
--- stop retries (pgmb.check_final_answers).
+-- bucket runs no rule): the name, endpoint, rate, timeout, cap on requests in flight and
+-- secret rules for every writer (an unchanged endpoint or secret stays accepted: a row
+-- stored before a rule can still be paused), then the circuit breaker's settings
+-- (pgmb.check_breaker) and the answers that stop retries (pgmb.check_final_answers).
 CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
     LANGUAGE plpgsql
     AS $_$
@@ -1652,6 +1677,12 @@ BEGIN
         RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF w.max_in_flight < 1 THEN
+        RAISE EXCEPTION 'invalid max_in_flight % for worker %: it must be at least 1 request in flight',
+                        w.max_in_flight, w.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'NULL (the default) sets no cap.';
+    END IF;
     problem := pgmb.new_secret_problem(w.secret);
     IF problem IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
@@ -1664,12 +1695,6 @@ BEGIN
     RETURN w;
 END $_$;
 
--- Records failed attempts of leased deliveries (fenced by their lease ids): each is
--- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
--- once after an answer that stops retries (pgmb.final_answer_note: the worker's
--- dead_statuses, or its abort header; the error then says so), or retried after the message's fixed retry_delay or the queue's backoff (an endpoint's
--- Retry-After may lengthen either); every attempt goes to the history, with outcome `retry_outcome`
--- or 'dead'. The circuit breakers hear of the outcomes first. Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -1678,6 +1703,7 @@ DECLARE
     settled integer;
 BEGIN
     PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
+    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
     WITH input AS (
         SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
             AS u(id, lease_id, status, error, retry_after, duration_ms)
@@ -1686,6 +1712,7 @@ BEGIN
                left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
                u.retry_after, u.duration_ms,
                d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
+               d.canceled_at IS NOT NULL AS canceled,
                q.backoff_base, q.backoff_max, m.retry_delay
         FROM input u
         JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
@@ -1697,16 +1724,19 @@ BEGIN
         FOR UPDATE OF d
     ), dead AS (
         DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND (t.exhausted OR t.canceled)
         RETURNING d.id
     ), buried AS (
         INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
         SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
         FROM target t JOIN dead ON dead.id = t.id
+        WHERE NOT t.canceled
         ON CONFLICT (message_id, queue_id) DO UPDATE
         SET attempts = excluded.attempts, last_status = excluded.last_status,
             last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
+        -- The event of each dead letter (events.sql): evaluated for the rows buried only,
+        -- so a batch where nothing dies calls nothing.
+        RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
     ), retried AS (
         UPDATE pgmb_delivery d
         SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
@@ -1716,73 +1746,21 @@ BEGIN
                        ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
                   END * interval '1 second'
         FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
+        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted AND NOT t.canceled
         RETURNING 1
     ), history AS (
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms, t.error, clock_timestamp()
+        SELECT t.message_id, t.queue_id, t.attempts,
+               CASE WHEN t.canceled THEN 'canceled' WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
+               t.status, t.duration_ms,
+               CASE WHEN t.canceled THEN left(pgmb.canceled_in_flight() || ': ' || t.error, 2000) ELSE t.error END,
+               clock_timestamp()
         FROM target t
         RETURNING 1
     )
     -- Data-modifying CTEs always run to completion, read or not.
     SELECT count(*)::integer INTO settled FROM history;
     RETURN settled;
-END $$;
-
--- POST through pgsql-http, the headers given as pgmb.http_header_records makes them. The
--- call is one expression, which PL/pgSQL evaluates without starting an executor (a
--- statement's would cost about half as much as pgsql-http's own work on a kept
--- connection), its answer kept in a record: PL/pgSQL resolves http() and its types when
--- the expression first runs, so this file installs without the extension. pgsql-http
--- follows redirects itself (up to 5) and has no option to stop it. Its curl options last
--- for the session, whatever becomes of the transaction: the timeout is set only when it
--- differs from the one this session last set (pgmb.http_timeout_ms; a rollback forgets
--- it, so it is then set again, never left stale). A fault of the request (refused, timed
--- out, no answer) is its outcome.
-CREATE OR REPLACE FUNCTION pgmb.post_via_http_headers(url text, body text, header_records text, timeout float8)
-RETURNS pgmb.http_outcome
-LANGUAGE plpgsql AS $$
-DECLARE
-    started timestamptz := clock_timestamp();
-    -- Outside the subtransaction: a timeout no client takes is pgmb's own fault (the
-    -- caller's), not the request's.
-    timeout_ms text := ceil(timeout * 1000)::bigint::text;
-    answer record;
-    answer_location text;
-    answer_retry_after text;
-    aborted boolean;
-    outcome pgmb.http_outcome;
-BEGIN
-    BEGIN
-        IF current_setting('pgmb.http_timeout_ms', true) IS DISTINCT FROM timeout_ms THEN
-            PERFORM http_set_curlopt('CURLOPT_TIMEOUT_MS', timeout_ms);
-            PERFORM set_config('pgmb.http_timeout_ms', timeout_ms, false);
-        END IF;
-        answer := http(ROW('POST', url, header_records::http_header[], 'application/json', body)::http_request);
-        -- The answer's headers are looked through only for a failure, in one pass: its
-        -- outcome reads the first Location (3xx) and Retry-After (429, 503), and the abort
-        -- header (pgmb.abort_header) ends its delivery at once.
-        IF answer.status NOT BETWEEN 200 AND 299 THEN
-            SELECT (array_agg(h.value) FILTER (WHERE lower(h.field) = 'location'))[1],
-                   (array_agg(h.value) FILTER (WHERE lower(h.field) = 'retry-after'))[1],
-                   -- The header is a list (RFC 9110, 5.6.1): any item of it will do.
-                   coalesce(bool_or(lower(h.field) = pgmb.abort_header()
-                                    AND lower(h.value) ~ ('(^|,)[ \t]*' || pgmb.abort_value() || '[ \t]*(,|$)')),
-                            false)
-            INTO answer_location, answer_retry_after, aborted
-            FROM unnest(answer.headers) AS h;
-        END IF;
-    EXCEPTION WHEN others THEN
-        RETURN ROW(NULL, 'HTTP request failed: ' || SQLERRM, NULL,
-                   extract(epoch FROM clock_timestamp() - started) * 1000)::pgmb.http_outcome;
-    END;
-    -- Outside the subtransaction, which need only cover the call.
-    outcome := pgmb.http_outcome(answer.status, answer.content, answer_location, answer_retry_after, started);
-    IF aborted THEN
-        outcome.error := pgmb.aborted_prefix() || outcome.error;
-    END IF;
-    RETURN outcome;
 END $$;
 
 -- Closed, as every function of pgmb's but the reviewed list (access.sql).
@@ -1859,57 +1837,9 @@ BEGIN
     END IF;
 END $$;
 
--- The function of pgmb_worker's BEFORE INSERT trigger and of its BEFORE UPDATE OF every
--- column but the token bucket's (models.WORKER_RULED_COLUMNS; a claim's refill of the
--- bucket runs no rule): the name, endpoint, rate, timeout, cap on requests in flight and
--- secret rules for every writer (an unchanged endpoint or secret stays accepted: a row
--- stored before a rule can still be paused), then the circuit breaker's settings
--- (pgmb.check_breaker) and the answers that stop retries (pgmb.check_final_answers).
-CREATE OR REPLACE FUNCTION pgmb.prepare_worker(w public.pgmb_worker) RETURNS public.pgmb_worker
-    LANGUAGE plpgsql
-    AS $_$
-DECLARE
-    problem text;
-BEGIN
-    PERFORM pgmb.check_name('worker', w.name);
-    IF (w.endpoint IS NULL
-        OR w.endpoint !~ '^[Hh][Tt][Tt][Pp][Ss]?://(?:[^/?#\[\]\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*@)?(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\]|[^/?#@\[\]:\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]+)(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])?)?(?:[/?#][^\u0000-\u0020\u007f-\u009f\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]*)?$')
-       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.endpoint = w.endpoint) THEN
-        -- Named with its credentials masked: an error text reaches logs and screens.
-        RAISE EXCEPTION 'invalid endpoint % for worker %', quote_nullable(pgmb.mask_credentials(w.endpoint)), w.name
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'The endpoint must be an http:// or https:// URL without blanks, its host a name, an IPv4 address or an IPv6 address in brackets, its port (if any) from 1 to 65535.';
-    END IF;
-    IF w.rps IS NULL OR w.rps <= 0 THEN
-        RAISE EXCEPTION 'invalid rps % for worker %: it must be at least 1 request per second', w.rps, w.name
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF w.timeout IS NULL OR w.timeout <= 0 THEN
-        RAISE EXCEPTION 'invalid timeout % for worker %: it must be positive', w.timeout, w.name
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF w.max_in_flight < 1 THEN
-        RAISE EXCEPTION 'invalid max_in_flight % for worker %: it must be at least 1 request in flight',
-                        w.max_in_flight, w.name
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'NULL (the default) sets no cap.';
-    END IF;
-    problem := pgmb.new_secret_problem(w.secret);
-    IF problem IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM pgmb_worker o WHERE o.id = w.id AND o.secret = w.secret) THEN
-        RAISE EXCEPTION 'invalid secret for worker %: %', w.name, problem
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Use whsec_ and the base64 of at least 16 bytes (padded or not), or a text of at least 16 bytes without control characters.';
-    END IF;
-    w := pgmb.check_breaker(w);
-    w := pgmb.check_final_answers(w);
-    RETURN w;
-END $_$;
-
 -- Seconds until something may be claimable for these queues (NULL: nothing pending):
 -- the next due delivery (the first per priority, pgmb.next_due), the next token of a
--- rate-limited worker, the next slot of a capped worker that is full (pgmb.slot_free_at),
--- the next lease to expire, the end of a circuit breaker's cool-down.
+-- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
 -- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
 CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
 LANGUAGE plpgsql STABLE AS $$
@@ -1922,7 +1852,8 @@ BEGIN
                                   slot_at)
                END AS at
         FROM (
-            SELECT pgmb.next_due(qu.id) AS due,
+            -- A fair queue's keys at their cap are not due (fairness.sql).
+            SELECT CASE WHEN qu.fairness_header IS NULL THEN pgmb.next_due(qu.id) ELSE pgmb.fair_next_due(qu.id) END AS due,
                    wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until,
                    CASE WHEN wk.max_in_flight IS NOT NULL THEN pgmb.slot_free_at(wk.id, wk.max_in_flight) END AS slot_at
             FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
@@ -1931,6 +1862,13 @@ BEGIN
         UNION ALL
         SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
         WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
+        -- The next schedule to fire (schedules.sql), one look in pgmb_schedule_due: only one
+        -- still to come, so that a schedule overdue wakes no loop that does not fire it
+        -- (0.1.1's dispatchers would otherwise spin); the loops that fire schedules keep
+        -- their own time for the overdue ones.
+        UNION ALL
+        SELECT min(sc.next_run_at) FROM pgmb_schedule sc
+        WHERE NOT sc.paused AND sc.next_run_at > clock_timestamp()
     ) AS candidates);
 END $$;
 
@@ -1968,7 +1906,8 @@ DECLARE
     cap integer;
 BEGIN
     FOR w IN
-        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids
+        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids,
+               array_agg(qu.id) FILTER (WHERE qu.fairness_header IS NOT NULL) AS fair_ids
         FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
         WHERE NOT qu.paused AND wk.active
           AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
@@ -2005,14 +1944,22 @@ BEGIN
         -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
         FOREACH q IN ARRAY w.queue_ids LOOP
             EXIT WHEN tokens <= 0;
-            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
-            -- picked are then found by primary key, whatever the planner thinks of the table.
-            picked := ARRAY(
-                SELECT d.id FROM pgmb_delivery d
-                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                ORDER BY d.priority, d.available_at, d.id
-                LIMIT tokens
-                FOR NO KEY UPDATE SKIP LOCKED);
+            -- A queue with a fairness header takes its keys in turn (fairness.sql); the
+            -- others, the pick below as it stands.
+            IF q = ANY (w.fair_ids) THEN
+                picked := pgmb.fair_pick(q, tokens, t);
+            ELSE
+                -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the
+                -- rows picked are then found by primary key, whatever the planner thinks of
+                -- the table.
+                picked := ARRAY(
+                    SELECT d.id FROM pgmb_delivery d
+                    WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
+                      AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
+                    ORDER BY d.priority, d.available_at, d.id
+                    LIMIT tokens
+                    FOR NO KEY UPDATE SKIP LOCKED);
+            END IF;
             CONTINUE WHEN cardinality(picked) = 0;
             RETURN QUERY
             WITH leased AS (
@@ -2044,7 +1991,8 @@ BEGIN
 END $$;
 
 -- Records successful attempts: the deliveries are deleted and their attempts written to the
--- history (outcome 'ack'); the circuit breakers hear of them first. Planned as pgmb.claim.
+-- history (outcome 'ack'; 'canceled' for a delivery cancelled while its request was in
+-- flight, pgmb.cancel); the circuit breakers hear of them first. Planned as pgmb.claim.
 CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
     LANGUAGE plpgsql
     SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
@@ -2058,83 +2006,19 @@ BEGIN
         SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
     ), done AS (
         DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
-        RETURNING d.id, d.message_id, d.queue_id, d.attempts
+        RETURNING d.id, d.message_id, d.queue_id, d.attempts, d.canceled_at
     ), history AS (
         INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT done.message_id, done.queue_id, done.attempts, 'ack', u.status, u.duration_ms, '', clock_timestamp()
+        SELECT done.message_id, done.queue_id, done.attempts,
+               CASE WHEN done.canceled_at IS NULL THEN 'ack' ELSE 'canceled' END,
+               u.status, u.duration_ms,
+               CASE WHEN done.canceled_at IS NULL THEN '' ELSE pgmb.canceled_in_flight() END,
+               clock_timestamp()
         FROM done JOIN input u ON u.id = done.id
         RETURNING 1
     )
     SELECT count(*)::integer INTO acked FROM history;
     RETURN acked;
-END $$;
-
--- Records failed attempts of leased deliveries (fenced by their lease ids): each is
--- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
--- once after an answer that stops retries (pgmb.final_answer_note: the worker's
--- dead_statuses, or its abort header; the error then says so), or retried after the
--- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
--- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. The
--- circuit breakers hear of the outcomes first. Planned as pgmb.claim.
-CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    settled integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
-    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
-            AS u(id, lease_id, status, error, retry_after, duration_ms)
-    ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
-               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
-               q.backoff_base, q.backoff_max, m.retry_delay
-        FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
-        JOIN pgmb_queue q ON q.id = d.queue_id
-        JOIN pgmb_message m ON m.id = d.message_id
-        -- A pull queue has no worker; its reads' leases come here when they expire.
-        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
-        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
-        FOR UPDATE OF d
-    ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND t.exhausted
-        RETURNING d.id
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
-        FROM target t JOIN dead ON dead.id = t.id
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
-    ), retried AS (
-        UPDATE pgmb_delivery d
-        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
-            available_at = clock_timestamp()
-                + CASE WHEN t.retry_delay IS NOT NULL
-                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
-                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
-                  END * interval '1 second'
-        FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, CASE WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms, t.error, clock_timestamp()
-        FROM target t
-        RETURNING 1
-    )
-    -- Data-modifying CTEs always run to completion, read or not.
-    SELECT count(*)::integer INTO settled FROM history;
-    RETURN settled;
 END $$;
 
 -- Closed, as every function of pgmb's but the reviewed list (access.sql).
@@ -2457,146 +2341,6 @@ FROM PUBLIC;
 -- The claim calls pgmb.fair_pick for a fair queue, pgmb.next_wakeup asks
 -- pgmb.fair_next_due, and requeue and replay set the fairness key (deliveries.sql).
 
--- Seconds until something may be claimable for these queues (NULL: nothing pending):
--- the next due delivery (the first per priority, pgmb.next_due), the next token of a
--- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
--- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
-CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
-                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
-    FROM (
-        SELECT CASE WHEN due IS NOT NULL
-                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until,
-                                  slot_at)
-               END AS at
-        FROM (
-            -- A fair queue's keys at their cap are not due (fairness.sql).
-            SELECT CASE WHEN qu.fairness_header IS NULL THEN pgmb.next_due(qu.id) ELSE pgmb.fair_next_due(qu.id) END AS due,
-                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until,
-                   CASE WHEN wk.max_in_flight IS NOT NULL THEN pgmb.slot_free_at(wk.id, wk.max_in_flight) END AS slot_at
-            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-        ) AS per_queue
-        UNION ALL
-        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
-        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-    ) AS candidates);
-END $$;
-
--- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
--- first (priority, due time, publish order), within each worker's rate limit and circuit
--- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
--- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
--- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
--- pages), a plan would otherwise read the whole table. Rows are found through the primary
--- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
--- order picked. With those scans and sorts off, each of these functions' statements has
--- one plan whatever the statistics say or how many ids a call passes, so each keeps one
--- generic plan a session (plan_cache_mode): planned at every call, a claim would spend half
--- its CPU planning, a start or an ack of one delivery (the in-database loop's) a third;
--- a claim of one row (a dispatcher woken by one message) is what the latency of a
--- delivery waits for (tests/sql/test_steady_plans.py reads their plans).
-CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    SET enable_sort = off
-    AS $$
-DECLARE
-    t timestamptz := clock_timestamp();
-    lease uuid := gen_random_uuid();
-    remaining integer := max_count;
-    w record;
-    q uuid;
-    tokens integer;
-    got integer;
-    breaker text;
-    bucket float8;
-    taken integer;
-    picked bigint[];
-    secrets text[];
-BEGIN
-    FOR w IN
-        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids,
-               array_agg(qu.id) FILTER (WHERE qu.fairness_header IS NOT NULL) AS fair_ids
-        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-        WHERE NOT qu.paused AND wk.active
-          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
-          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
-          -- if not, one probe per further priority (pgmb.next_due).
-          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
-                         WHERE d.queue_id = qu.id AND d.state = 'ready'
-                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
-                   ELSE pgmb.next_due(qu.id, t) <= t END
-        GROUP BY wk.id
-        ORDER BY random()
-    LOOP
-        EXIT WHEN remaining <= 0;
-        -- The bucket is the worker row. If another claim holds it right now, that claim is
-        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
-        -- written once below, less what was taken.
-        SELECT least(greatest(1, wk.rps * wk.burst),
-                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-               wk.breaker_state,
-               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
-               pgmb.signing_secrets(wk.secret, wk.id, t)
-        INTO bucket, breaker, secrets
-        FROM pgmb_worker wk WHERE wk.id = w.id
-        FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        tokens := least(floor(bucket)::integer, remaining);
-        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
-        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
-        taken := 0;
-        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
-        FOREACH q IN ARRAY w.queue_ids LOOP
-            EXIT WHEN tokens <= 0;
-            -- A queue with a fairness header takes its keys in turn (fairness.sql); the
-            -- others, the pick below as it stands.
-            IF q = ANY (w.fair_ids) THEN
-                picked := pgmb.fair_pick(q, tokens, t);
-            ELSE
-            -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the rows
-            -- picked are then found by primary key, whatever the planner thinks of the table.
-            picked := ARRAY(
-                SELECT d.id FROM pgmb_delivery d
-                WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                ORDER BY d.priority, d.available_at, d.id
-                LIMIT tokens
-                FOR NO KEY UPDATE SKIP LOCKED);
-            END IF;
-            CONTINUE WHEN cardinality(picked) = 0;
-            RETURN QUERY
-            WITH leased AS (
-                -- The attempt is counted now and handed back if the lease expires unstarted.
-                UPDATE pgmb_delivery d
-                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
-                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
-                FROM pgmb_queue qu
-                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
-                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
-                          d.message_id, qu.lease_seconds
-            )
-            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
-                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
-                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
-            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
-            JOIN leased l ON l.id = p.id
-            JOIN pgmb_message m ON m.id = l.message_id
-            JOIN pgmb_worker wk ON wk.id = w.id
-            -- In the order picked.
-            ORDER BY p.n;
-            GET DIAGNOSTICS got = ROW_COUNT;
-            tokens := tokens - got;
-            remaining := remaining - got;
-            taken := taken + got;
-        END LOOP;
-        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
-    END LOOP;
-END $$;
-
 -- Dead letters back to their queue: attempts start again, due now, with the message's
 -- priority, group, dependencies and fairness key. A requeued delivery gets a new id: in its
 -- group it goes behind the members already there (docs/ordering.md).
@@ -2885,124 +2629,6 @@ BEGIN
 END $$;
 -- The rule and the sweep, closed as every function of pgmb's but the reviewed list.
 
--- Leases up to max_count due deliveries of the named queues (all when NULL), most urgent
--- first (priority, due time, publish order), within each worker's rate limit and circuit
--- breaker; counts the attempt. The scans that an estimate could pick over a queue's index
--- are turned off in the hot statements of the claim, pgmb.start, pgmb.ack and
--- pgmb.settle_failures: made from stale statistics (a drained table looks empty over many
--- pages), a plan would otherwise read the whole table. Rows are found through the primary
--- key (id = ANY (...)), and the claim picks into an array first and returns its rows in the
--- order picked. With those scans and sorts off, each of these functions' statements has
--- one plan whatever the statistics say or how many ids a call passes, so each keeps one
--- generic plan a session (plan_cache_mode): planned at every call, a claim would spend half
--- its CPU planning, a start or an ack of one delivery (the in-database loop's) a third;
--- a claim of one row (a dispatcher woken by one message) is what the latency of a
--- delivery waits for (tests/sql/test_steady_plans.py reads their plans).
-CREATE OR REPLACE FUNCTION pgmb.claim(queue_names text[] DEFAULT NULL::text[], max_count integer DEFAULT 100) RETURNS SETOF pgmb.claimed
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    SET enable_sort = off
-    AS $$
-DECLARE
-    t timestamptz := clock_timestamp();
-    lease uuid := gen_random_uuid();
-    remaining integer := max_count;
-    w record;
-    q uuid;
-    tokens integer;
-    got integer;
-    breaker text;
-    bucket float8;
-    taken integer;
-    picked bigint[];
-    secrets text[];
-    cap integer;
-BEGIN
-    FOR w IN
-        SELECT wk.id, array_agg(qu.id ORDER BY random()) AS queue_ids,
-               array_agg(qu.id) FILTER (WHERE qu.fairness_header IS NOT NULL) AS fair_ids
-        FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-        WHERE NOT qu.paused AND wk.active
-          AND (wk.breaker_until IS NULL OR wk.breaker_until <= t)  -- an open circuit breaker (breakers.sql)
-          AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-          -- The queue's first entry (its most urgent priority's earliest) is due, mostly;
-          -- if not, one probe per further priority (pgmb.next_due).
-          AND CASE WHEN (SELECT d.available_at FROM pgmb_delivery d
-                         WHERE d.queue_id = qu.id AND d.state = 'ready'
-                         ORDER BY d.priority, d.available_at LIMIT 1) <= t THEN true
-                   ELSE pgmb.next_due(qu.id, t) <= t END
-        GROUP BY wk.id
-        ORDER BY random()
-    LOOP
-        EXIT WHEN remaining <= 0;
-        -- The bucket is the worker row. If another claim holds it right now, that claim is
-        -- serving this worker: skip it rather than wait (as with deliveries). Refilled here,
-        -- written once below, less what was taken.
-        SELECT least(greatest(1, wk.rps * wk.burst),
-                     wk.tokens + wk.rps * extract(epoch FROM t - coalesce(wk.tokens_at, t - interval '1 day'))),
-               wk.breaker_state,
-               -- Once per worker, not per row: what signs its requests (rotation, routing.sql).
-               pgmb.signing_secrets(wk.secret, wk.id, t),
-               wk.max_in_flight
-        INTO bucket, breaker, secrets, cap
-        FROM pgmb_worker wk WHERE wk.id = w.id
-        FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        tokens := least(floor(bucket)::integer, remaining);
-        -- A cap on requests in flight: only a capped worker counts its leases (pgmb.free_slots).
-        IF cap IS NOT NULL THEN tokens := least(tokens, pgmb.free_slots(w.id, cap, t)); END IF;
-        -- Circuit breaker (breakers.sql): open, nothing; after its cool-down, one delivery (the probe).
-        IF breaker <> 'closed' THEN tokens := pgmb.breaker_admit(w.id, tokens, t, lease); END IF;
-        taken := 0;
-        -- Queue by queue, so each claim is an ordered scan of one queue's partial index.
-        FOREACH q IN ARRAY w.queue_ids LOOP
-            EXIT WHEN tokens <= 0;
-            -- A queue with a fairness header takes its keys in turn (fairness.sql); the
-            -- others, the pick below as it stands.
-            IF q = ANY (w.fair_ids) THEN
-                picked := pgmb.fair_pick(q, tokens, t);
-            ELSE
-                -- The pick, an ordered scan of this queue's part of pgmb_delivery_due; the
-                -- rows picked are then found by primary key, whatever the planner thinks of
-                -- the table.
-                picked := ARRAY(
-                    SELECT d.id FROM pgmb_delivery d
-                    WHERE d.queue_id = q AND d.state = 'ready' AND d.available_at <= t
-                      AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
-                    ORDER BY d.priority, d.available_at, d.id
-                    LIMIT tokens
-                    FOR NO KEY UPDATE SKIP LOCKED);
-            END IF;
-            CONTINUE WHEN cardinality(picked) = 0;
-            RETURN QUERY
-            WITH leased AS (
-                -- The attempt is counted now and handed back if the lease expires unstarted.
-                UPDATE pgmb_delivery d
-                SET state = 'leased', attempts = d.attempts + 1, lease_id = lease, started = false,
-                    available_at = t + least(qu.lease_seconds, 2592000) * interval '1 second'
-                FROM pgmb_queue qu
-                WHERE d.id = ANY (picked) AND qu.id = d.queue_id
-                RETURNING d.id, d.attempts, qu.max_retries, d.queue_id, qu.name,
-                          d.message_id, qu.lease_seconds
-            )
-            SELECT l.id, lease, l.attempts, 1 + coalesce(m.max_retries, l.max_retries), l.queue_id,
-                   l.name::text, m.id, m.routing_key::text, m.body::text, m.headers, m.created_at,
-                   wk.id, wk.endpoint::text, wk.timeout, secrets, wk.rps, l.lease_seconds
-            FROM unnest(picked) WITH ORDINALITY AS p(id, n)
-            JOIN leased l ON l.id = p.id
-            JOIN pgmb_message m ON m.id = l.message_id
-            JOIN pgmb_worker wk ON wk.id = w.id
-            -- In the order picked.
-            ORDER BY p.n;
-            GET DIAGNOSTICS got = ROW_COUNT;
-            tokens := tokens - got;
-            remaining := remaining - got;
-            taken := taken + got;
-        END LOOP;
-        UPDATE pgmb_worker wk SET tokens = bucket - taken, tokens_at = t WHERE wk.id = w.id;
-    END LOOP;
-END $$;
-
 -- Deliveries whose time to live ran out before they were posted or read (ready, delayed or
 -- waiting; a leased one, or a pull queue's message read and not yet visible again, is left
 -- to its outcome, and expires here if that is a retry or it becomes visible again):
@@ -3055,102 +2681,6 @@ END $$;
 REVOKE EXECUTE ON FUNCTION pgmb.expiry_problem(float8, timestamptz), pgmb.refuse_expiry(pgmb_message),
     pgmb.expire(integer) FROM PUBLIC;
 
--- Reads up to qty visible messages of a pull queue and hides them for vt seconds (PGMQ's
--- read); `filter` keeps those whose body contains it. The update and the dead-lettering find
--- their rows by primary key (id = ANY (ARRAY(...))), whatever the estimate, so the function
--- uses its generic plan (the settings at the end of this file): planning the statement at
--- every call cost ~8 % of a read(100) + delete (docs/benchmarks.md). The statement's rows
--- go straight to the caller (RETURN QUERY), not through an array
--- (docs/decisions/0064-a-read-returns-its-rows-from-the-statement.md).
-CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
-LANGUAGE plpgsql AS $$
-DECLARE
-    -- First, before any expression a planted operator could match (tables.sql).
-    closed boolean := pgmb.refuse_writable_schemas();
-    q record;
-    t timestamptz := clock_timestamp();
-    -- Visible: due at or before upto (t, then see the end of the loop).
-    upto timestamptz := t;
-    body_filter jsonb := filter -> 'body';
-    headers_filter jsonb := filter -> 'headers';
-    remaining integer := qty;
-    got integer;
-BEGIN
-    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    PERFORM pgmb.check_pull_args(vt, qty, filter);
-    IF q.paused THEN
-        RETURN;
-    END IF;
-    LOOP
-        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
-        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
-        -- statement, as pgmb.settle_failures does with push failures; the statement then
-        -- sets pgmb.read_buried (for this transaction), which the caller cannot see in its
-        -- rows.
-        RETURN QUERY
-        WITH picked AS (
-            -- A first read cannot be the last one: only a delivery read before looks up its
-            -- message's own max_retries.
-            SELECT d.id, d.available_at AS was, lim.max_retries,
-                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
-            FROM pgmb_delivery d
-            CROSS JOIN LATERAL (
-                SELECT CASE WHEN d.attempts = 0 THEN NULL
-                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
-                                          q.max_retries) END AS max_retries
-            ) AS lim
-            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= upto
-              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
-              AND (filter IS NULL
-                   OR EXISTS (SELECT 1 FROM pgmb_message m
-                              WHERE m.id = d.message_id
-                                AND (body_filter IS NULL OR m.body @> body_filter)
-                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
-            ORDER BY d.priority, d.available_at, d.id
-            LIMIT remaining
-            FOR UPDATE OF d SKIP LOCKED
-        ), dead AS (
-            DELETE FROM pgmb_delivery d
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
-            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
-                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error,
-                      set_config('pgmb.read_buried', 'yes', true) AS buried
-        ), dead_letters AS (
-            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
-            FROM dead x
-            ON CONFLICT (message_id, queue_id) DO UPDATE
-            SET attempts = excluded.attempts, last_status = excluded.last_status,
-                last_error = excluded.last_error, created_at = excluded.created_at
-        ), history AS (
-            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
-            FROM dead x WHERE x.buried IS NOT NULL
-        ), r AS (
-            UPDATE pgmb_delivery d
-            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
-            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
-        )
-        SELECT r.id, r.message_id, r.attempts, r.created_at, r.available_at,
-               m.body, m.headers, m.routing_key::text
-        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id
-        ORDER BY r.priority, p.was, r.id;
-        GET DIAGNOSTICS got = ROW_COUNT;
-        remaining := remaining - got;
-        -- Only dead-lettered rows make room for more in the same read (rare: a full read,
-        -- the common case, never looks).
-        EXIT WHEN remaining <= 0 OR current_setting('pgmb.read_buried', true) IS DISTINCT FROM 'yes';
-        PERFORM set_config('pgmb.read_buried', '', true);
-        -- The rows just read are due at t + vt: with a timeout that rounds to nothing they
-        -- are due at t, and must not be read twice.
-        IF t + make_interval(secs => vt) <= t THEN
-            upto := t - interval '1 microsecond';
-        END IF;
-    END LOOP;
-END $$;
-
 -- pgmb.read acts for its caller and keeps its planner settings (both are the function's
 -- own, which CREATE OR REPLACE resets; pull.sql).
 SELECT pgmb.pin_definers(ARRAY['pgmb.read(text, double precision, integer, jsonb)']);
@@ -3158,45 +2688,6 @@ ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
     SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION pgmb.read(text, double precision, integer, jsonb)
     SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off;
-
--- Step "reclaim": hands back the leases that ran out (dispatchers that died), and settles
--- the deliveries whose time to live ran out (pgmb.expire); returns when the next is due.
-CREATE OR REPLACE FUNCTION pgmb.loop_reclaim() RETURNS timestamptz
-LANGUAGE plpgsql AS $$
-BEGIN
-    BEGIN
-        PERFORM pgmb.reclaim_expired();
-    EXCEPTION WHEN others THEN
-        RAISE WARNING 'pgmb: could not reclaim expired leases: %', SQLERRM;
-    END;
-    BEGIN
-        PERFORM pgmb.expire();
-    EXCEPTION WHEN others THEN
-        RAISE WARNING 'pgmb: could not expire deliveries: %', SQLERRM;
-    END;
-    RETURN clock_timestamp() + pgmb.indb_reclaim_interval();
-END $$;
-
--- Housekeeping for the pg_cron path: expired leases, expired deliveries (pgmb.expire),
--- pg_cron's own run log, the rows
--- of dispatchers stopped or gone for longer than `keep`, expired retiring secrets, and
--- the history's days ahead (pgmb.premake_history, history.sql).
-CREATE OR REPLACE FUNCTION pgmb.maintenance(keep interval DEFAULT '1 day') RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    reclaimed integer := pgmb.reclaim_expired(10000);
-BEGIN
-    IF to_regclass('cron.job_run_details') IS NOT NULL THEN
-        EXECUTE 'DELETE FROM cron.job_run_details WHERE end_time < now() - $1' USING keep;
-    END IF;
-    DELETE FROM pgmb_dispatcher d
-    WHERE coalesce(d.stopped_at, d.heartbeat_at) < now() - keep
-      AND pgmb.dispatcher_state(d.heartbeat_at, d.stopped_at) <> 'running';
-    PERFORM pgmb.expire(10000);
-    PERFORM pgmb.forget_expired_secrets();
-    PERFORM pgmb.premake_history();
-    RETURN reclaimed;
-END $$;
 
 -- Per worker, over the requests of its queues (not 'unsent' or 'ttl' history rows: no
 -- request was made): the last hour through the index on created_at, the last success through
@@ -3310,112 +2801,6 @@ $$;
 -- The error a history row of a delivery cancelled while leased (pgmb.cancel) begins with.
 CREATE OR REPLACE FUNCTION pgmb.canceled_in_flight() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'canceled while its request was in flight' $$;
-
--- Records successful attempts: the deliveries are deleted and their attempts written to the
--- history (outcome 'ack'; 'canceled' for a delivery cancelled while its request was in
--- flight, pgmb.cancel); the circuit breakers hear of them first. Planned as pgmb.claim.
-CREATE OR REPLACE FUNCTION pgmb.ack(delivery_ids bigint[], statuses integer[] DEFAULT NULL::integer[], durations_ms double precision[] DEFAULT NULL::double precision[]) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    acked integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, NULL, statuses, NULL, true);  -- circuit breakers (breakers.sql)
-    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, statuses, durations_ms) AS u(id, status, duration_ms)
-    ), done AS (
-        DELETE FROM pgmb_delivery d USING input u WHERE d.id = u.id AND d.id = ANY (delivery_ids)
-        RETURNING d.id, d.message_id, d.queue_id, d.attempts, d.canceled_at
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT done.message_id, done.queue_id, done.attempts,
-               CASE WHEN done.canceled_at IS NULL THEN 'ack' ELSE 'canceled' END,
-               u.status, u.duration_ms,
-               CASE WHEN done.canceled_at IS NULL THEN '' ELSE pgmb.canceled_in_flight() END,
-               clock_timestamp()
-        FROM done JOIN input u ON u.id = done.id
-        RETURNING 1
-    )
-    SELECT count(*)::integer INTO acked FROM history;
-    RETURN acked;
-END $$;
-
--- Records failed attempts of leased deliveries (fenced by their lease ids): each is
--- dead-lettered after its last attempt (1 + the message's or the queue's max_retries), or at
--- once after an answer that stops retries (pgmb.final_answer_note: the worker's
--- dead_statuses, or its abort header; the error then says so), or retried after the
--- message's fixed retry_delay or the queue's backoff (an endpoint's Retry-After may lengthen
--- either); every attempt goes to the history, with outcome `retry_outcome` or 'dead'. A
--- delivery cancelled while leased (pgmb.cancel) is neither: it is deleted, its attempt
--- recorded as 'canceled'. The circuit breakers hear of the outcomes first. Planned as
--- pgmb.claim.
-CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    settled integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
-    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
-            AS u(id, lease_id, status, error, retry_after, duration_ms)
-    ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
-               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
-               d.canceled_at IS NOT NULL AS canceled,
-               q.backoff_base, q.backoff_max, m.retry_delay
-        FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
-        JOIN pgmb_queue q ON q.id = d.queue_id
-        JOIN pgmb_message m ON m.id = d.message_id
-        -- A pull queue has no worker; its reads' leases come here when they expire.
-        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
-        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
-        FOR UPDATE OF d
-    ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND (t.exhausted OR t.canceled)
-        RETURNING d.id
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
-        FROM target t JOIN dead ON dead.id = t.id
-        WHERE NOT t.canceled
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        RETURNING 1
-    ), retried AS (
-        UPDATE pgmb_delivery d
-        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
-            available_at = clock_timestamp()
-                + CASE WHEN t.retry_delay IS NOT NULL
-                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
-                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
-                  END * interval '1 second'
-        FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted AND NOT t.canceled
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts,
-               CASE WHEN t.canceled THEN 'canceled' WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms,
-               CASE WHEN t.canceled THEN left(pgmb.canceled_in_flight() || ': ' || t.error, 2000) ELSE t.error END,
-               clock_timestamp()
-        FROM target t
-        RETURNING 1
-    )
-    -- Data-modifying CTEs always run to completion, read or not.
-    SELECT count(*)::integer INTO settled FROM history;
-    RETURN settled;
-END $$;
 
 -- Give leased deliveries back unattempted (a dispatcher shutting down before it posted them).
 -- One cancelled while leased (pgmb.cancel) is not given back: it is deleted, recorded as
@@ -3724,74 +3109,6 @@ LANGUAGE sql AS $$
                                                   'last_error', last_error))
 $$;
 
-CREATE OR REPLACE FUNCTION pgmb.settle_failures(delivery_ids bigint[], lease_ids uuid[], statuses integer[], errors text[], retry_after double precision[], durations_ms double precision[], retry_outcome text) RETURNS integer
-    LANGUAGE plpgsql
-    SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_bitmapscan = off SET jit = off
-    AS $$
-DECLARE
-    settled integer;
-BEGIN
-    PERFORM pgmb.breaker_settle(delivery_ids, lease_ids, statuses, errors, false);  -- circuit breakers (breakers.sql)
-    PERFORM pgmb.wake_for_slots(delivery_ids);  -- a capped worker's slots
-    WITH input AS (
-        SELECT * FROM unnest(delivery_ids, lease_ids, statuses, errors, retry_after, durations_ms)
-            AS u(id, lease_id, status, error, retry_after, duration_ms)
-    ), target AS (
-        SELECT d.id, d.message_id, d.queue_id, d.attempts, u.status,
-               left(coalesce(f.note, '') || coalesce(u.error, ''), 2000) AS error,
-               u.retry_after, u.duration_ms,
-               d.attempts >= 1 + coalesce(m.max_retries, q.max_retries) OR f.note IS NOT NULL AS exhausted,
-               d.canceled_at IS NOT NULL AS canceled,
-               q.backoff_base, q.backoff_max, m.retry_delay
-        FROM input u
-        JOIN pgmb_delivery d ON d.id = u.id AND d.id = ANY (delivery_ids) AND d.lease_id = u.lease_id AND d.state = 'leased'
-        JOIN pgmb_queue q ON q.id = d.queue_id
-        JOIN pgmb_message m ON m.id = d.message_id
-        -- A pull queue has no worker; its reads' leases come here when they expire.
-        LEFT JOIN pgmb_worker w ON w.id = q.worker_id
-        CROSS JOIN LATERAL (SELECT pgmb.final_answer_note(u.status, u.error, w.dead_statuses, w.retried_statuses) AS note) f
-        FOR UPDATE OF d
-    ), dead AS (
-        DELETE FROM pgmb_delivery d USING target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND (t.exhausted OR t.canceled)
-        RETURNING d.id
-    ), buried AS (
-        INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts, t.status, t.error, clock_timestamp()
-        FROM target t JOIN dead ON dead.id = t.id
-        WHERE NOT t.canceled
-        ON CONFLICT (message_id, queue_id) DO UPDATE
-        SET attempts = excluded.attempts, last_status = excluded.last_status,
-            last_error = excluded.last_error, created_at = excluded.created_at
-        -- The event of each dead letter (events.sql): evaluated for the rows buried only,
-        -- so a batch where nothing dies calls nothing.
-        RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
-    ), retried AS (
-        UPDATE pgmb_delivery d
-        SET state = 'ready', lease_id = NULL, last_status = t.status, last_error = t.error,
-            available_at = clock_timestamp()
-                + CASE WHEN t.retry_delay IS NOT NULL
-                       THEN greatest(least(coalesce(t.retry_after, 0), 86400), t.retry_delay)
-                       ELSE pgmb.retry_delay(t.attempts, t.backoff_base, t.backoff_max, t.retry_after)
-                  END * interval '1 second'
-        FROM target t
-        WHERE d.id = t.id AND d.id = ANY (delivery_ids) AND NOT t.exhausted AND NOT t.canceled
-        RETURNING 1
-    ), history AS (
-        INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-        SELECT t.message_id, t.queue_id, t.attempts,
-               CASE WHEN t.canceled THEN 'canceled' WHEN t.exhausted THEN 'dead' ELSE retry_outcome END,
-               t.status, t.duration_ms,
-               CASE WHEN t.canceled THEN left(pgmb.canceled_in_flight() || ': ' || t.error, 2000) ELSE t.error END,
-               clock_timestamp()
-        FROM target t
-        RETURNING 1
-    )
-    -- Data-modifying CTEs always run to completion, read or not.
-    SELECT count(*)::integer INTO settled FROM history;
-    RETURN settled;
-END $$;
-
 CREATE OR REPLACE FUNCTION pgmb.nack(queue_name text, delivery_ids bigint[], read_counts integer[], errors text[] DEFAULT NULL::text[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -3850,97 +3167,6 @@ BEGIN
     )
     SELECT count(*)::integer INTO settled FROM history;
     RETURN settled;
-END $$;
-
-CREATE OR REPLACE FUNCTION pgmb.read(queue_name text, vt double precision, qty integer, filter jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgmb.pull_message
-LANGUAGE plpgsql AS $$
-DECLARE
-    -- First, before any expression a planted operator could match (tables.sql).
-    closed boolean := pgmb.refuse_writable_schemas();
-    q record;
-    t timestamptz := clock_timestamp();
-    -- Visible: due at or before upto (t, then see the end of the loop).
-    upto timestamptz := t;
-    body_filter jsonb := filter -> 'body';
-    headers_filter jsonb := filter -> 'headers';
-    remaining integer := qty;
-    got integer;
-BEGIN
-    SELECT * INTO q FROM pgmb.pull_queue(queue_name);
-    PERFORM pgmb.check_pull_args(vt, qty, filter);
-    IF q.paused THEN
-        RETURN;
-    END IF;
-    LOOP
-        -- One ordered scan of the queue's part of pgmb_delivery_due, as a push claim's. A
-        -- delivery read 1 + max_retries times already is dead-lettered instead, in the same
-        -- statement, as pgmb.settle_failures does with push failures; the statement then
-        -- sets pgmb.read_buried (for this transaction), which the caller cannot see in its
-        -- rows.
-        RETURN QUERY
-        WITH picked AS (
-            -- A first read cannot be the last one: only a delivery read before looks up its
-            -- message's own max_retries.
-            SELECT d.id, d.available_at AS was, lim.max_retries,
-                   d.attempts >= 1 + coalesce(lim.max_retries, 0) AND lim.max_retries IS NOT NULL AS exhausted
-            FROM pgmb_delivery d
-            CROSS JOIN LATERAL (
-                SELECT CASE WHEN d.attempts = 0 THEN NULL
-                            ELSE coalesce((SELECT m.max_retries FROM pgmb_message m WHERE m.id = d.message_id),
-                                          q.max_retries) END AS max_retries
-            ) AS lim
-            WHERE d.queue_id = q.id AND d.state = 'ready' AND d.available_at <= upto
-              AND (d.expires_at IS NULL OR d.expires_at > t)  -- expired: pgmb.expire's
-              AND (filter IS NULL
-                   OR EXISTS (SELECT 1 FROM pgmb_message m
-                              WHERE m.id = d.message_id
-                                AND (body_filter IS NULL OR m.body @> body_filter)
-                                AND (headers_filter IS NULL OR m.headers @> headers_filter)))
-            ORDER BY d.priority, d.available_at, d.id
-            LIMIT remaining
-            FOR UPDATE OF d SKIP LOCKED
-        ), dead AS (
-            DELETE FROM pgmb_delivery d
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE p.exhausted))
-            RETURNING d.message_id, d.queue_id, d.attempts, d.last_status,
-                      format('read %s times and never deleted (max_retries %s): dead-lettered instead of read again',
-                             d.attempts, (SELECT p.max_retries FROM picked p WHERE p.id = d.id)) AS error,
-                      set_config('pgmb.read_buried', 'yes', true) AS buried
-        ), dead_letters AS (
-            INSERT INTO pgmb_dead_letter (message_id, queue_id, attempts, last_status, last_error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, x.last_status, x.error, clock_timestamp()
-            FROM dead x
-            ON CONFLICT (message_id, queue_id) DO UPDATE
-            SET attempts = excluded.attempts, last_status = excluded.last_status,
-                last_error = excluded.last_error, created_at = excluded.created_at
-            -- Each dead letter announced (pgmb.dead_lettered, events.sql).
-            RETURNING pgmb.dead_letter_event(message_id, queue_id, attempts, last_status, last_error)
-        ), history AS (
-            INSERT INTO pgmb_attempt (message_id, queue_id, attempt, outcome, status_code, duration_ms, error, created_at)
-            SELECT x.message_id, x.queue_id, x.attempts, 'dead', NULL, NULL, x.error, clock_timestamp()
-            FROM dead x WHERE x.buried IS NOT NULL
-        ), r AS (
-            UPDATE pgmb_delivery d
-            SET attempts = d.attempts + 1, available_at = t + make_interval(secs => vt)
-            WHERE d.id = ANY (ARRAY(SELECT p.id FROM picked p WHERE NOT p.exhausted))
-            RETURNING d.id, d.message_id, d.attempts, d.created_at, d.available_at, d.priority
-        )
-        SELECT r.id, r.message_id, r.attempts, r.created_at, r.available_at,
-               m.body, m.headers, m.routing_key::text
-        FROM r JOIN picked p ON p.id = r.id JOIN pgmb_message m ON m.id = r.message_id
-        ORDER BY r.priority, p.was, r.id;
-        GET DIAGNOSTICS got = ROW_COUNT;
-        remaining := remaining - got;
-        -- Only dead-lettered rows make room for more in the same read (rare: a full read,
-        -- the common case, never looks).
-        EXIT WHEN remaining <= 0 OR current_setting('pgmb.read_buried', true) IS DISTINCT FROM 'yes';
-        PERFORM set_config('pgmb.read_buried', '', true);
-        -- The rows just read are due at t + vt: with a timeout that rounds to nothing they
-        -- are due at t, and must not be read twice.
-        IF t + make_interval(secs => vt) <= t THEN
-            upto := t - interval '1 microsecond';
-        END IF;
-    END LOOP;
 END $$;
 
 -- CREATE OR REPLACE reset what pull.sql sets on these two.
@@ -4578,274 +3804,6 @@ BEGIN
 EXCEPTION WHEN others THEN
     RAISE WARNING 'pgmb: could not fire schedules: %', SQLERRM;
     RETURN clock_timestamp() + pgmb.indb_reclaim_interval();
-END $$;
-
--- Seconds until something may be claimable for these queues (NULL: nothing pending):
--- the next due delivery (the first per priority, pgmb.next_due), the next token of a
--- rate-limited worker, the next lease to expire, the end of a circuit breaker's cool-down.
--- PL/pgSQL for its kept plan, as pgmb.ack: the dispatchers ask this after most claims.
-CREATE OR REPLACE FUNCTION pgmb.next_wakeup(queue_names text[]) RETURNS float8
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN (SELECT CASE WHEN min(at) IS NOT NULL
-                THEN greatest(0, extract(epoch FROM min(at) - clock_timestamp()))::float8 END
-    FROM (
-        SELECT CASE WHEN due IS NOT NULL
-                    THEN greatest(due, tokens_at + (1 - least(tokens, 1)) / rps * interval '1 second', breaker_until,
-                                  slot_at)
-               END AS at
-        FROM (
-            -- A fair queue's keys at their cap are not due (fairness.sql).
-            SELECT CASE WHEN qu.fairness_header IS NULL THEN pgmb.next_due(qu.id) ELSE pgmb.fair_next_due(qu.id) END AS due,
-                   wk.tokens, coalesce(wk.tokens_at, '-infinity') AS tokens_at, wk.rps, wk.breaker_until,
-                   CASE WHEN wk.max_in_flight IS NOT NULL THEN pgmb.slot_free_at(wk.id, wk.max_in_flight) END AS slot_at
-            FROM pgmb_queue qu JOIN pgmb_worker wk ON wk.id = qu.worker_id
-            WHERE NOT qu.paused AND wk.active AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-        ) AS per_queue
-        UNION ALL
-        SELECT min(d.available_at) FROM pgmb_delivery d JOIN pgmb_queue qu ON qu.id = d.queue_id
-        WHERE d.state = 'leased' AND (queue_names IS NULL OR qu.name = ANY (queue_names))
-        -- The next schedule to fire (schedules.sql), one look in pgmb_schedule_due: only one
-        -- still to come, so that a schedule overdue wakes no loop that does not fire it
-        -- (0.1.1's dispatchers would otherwise spin); the loops that fire schedules keep
-        -- their own time for the overdue ones.
-        UNION ALL
-        SELECT min(sc.next_run_at) FROM pgmb_schedule sc
-        WHERE NOT sc.paused AND sc.next_run_at > clock_timestamp()
-    ) AS candidates);
-END $$;
-
--- The in-database dispatcher: claims, posts and records outcomes for `seconds`, in
--- batches, committing between them (pg_cron runs it as a job, as_job). With the PL/Python
--- transport a batch's requests to one worker go out as runs (pgmb.post_run_via_plpython);
--- with the http extension one at a time. Outcomes are written in batches (pgmb.record_outcomes)
--- within the bounds of pgmb.indb_commit_bounds. Its steps are the pgmb.loop_* routines above,
--- each written once (docs/decisions/0070-the-in-database-loop-in-named-steps.md); what
--- stays here is what runs per request (a call costs there) and the COMMITs, which only a
--- procedure may make. A fault in one request is that delivery's outcome, never the loop's end.
-CREATE OR REPLACE PROCEDURE pgmb.dispatch_loop(seconds float8 DEFAULT 55, batch integer DEFAULT pgmb.indb_batch(),
-                                    queue_names text[] DEFAULT NULL, as_job boolean DEFAULT false)
-LANGUAGE plpgsql AS $$
-DECLARE
-    commit_every integer;
-    commit_ms float8;
-    deadline timestamptz := clock_timestamp() + seconds * interval '1 second';
-    next_reclaim timestamptz := clock_timestamp();
-    -- When to fire schedules next (pgmb.loop_fire_schedules).
-    next_fire timestamptz := clock_timestamp();
-    me bigint;
-    next_beat timestamptz := clock_timestamp() + pgmb.indb_heartbeat_interval();
-    delivered bigint := 0;
-    failed bigint := 0;
-    -- The claim, when it began (its leases run out lease_seconds after, or a little later),
-    -- how it is posted, and row i, the next to post.
-    claimed pgmb.claimed[];
-    claimed_at timestamptz;
-    transport text;
-    runs boolean;
-    -- The claim's headers, row by row (NULL: each row builds its own), and the same as
-    -- pgsql-http takes them (the http extension's way).
-    claim_headers jsonb[];
-    claim_header_records text[];
-    -- Whether a run must look for paced rows that end it (most claims have none).
-    paced boolean;
-    i integer;
-    c pgmb.claimed;
-    -- Pacing: when each paced worker may next be posted to (seconds since the epoch).
-    next_post jsonb := '{}';
-    wait float8;
-    -- pgmb.start's answer for the row about to be posted (NULL: not asked, or it failed).
-    marked integer;
-    -- Seconds since the claim began.
-    waited float8;
-    -- What was just posted (a run, or one request): its rows, their outcomes, how many were
-    -- 2xx, when the first ended; when the one request began.
-    started timestamptz;
-    posted_ok integer;
-    posted_ids bigint[];
-    posted_leases uuid[];
-    posted_outcomes pgmb.http_outcome[];
-    first_finished timestamptz;
-    -- The outcomes not yet recorded, since when, and how long the last request took (the
-    -- guess for the next one).
-    done_ids bigint[] := '{}';
-    done_leases uuid[] := '{}';
-    done_outcomes pgmb.http_outcome[] := '{}';
-    pending_since timestamptz;
-    last_post_ms float8 := 0;
-    -- The session's http.keepalive as the loop found it (NULL or '': not set).
-    keepalive_was text := current_setting('http.keepalive', true);
-BEGIN
-    -- Read first: a bad setting stops the loop before it writes anything.
-    SELECT b.commit_every, b.commit_ms INTO commit_every, commit_ms FROM pgmb.indb_commit_bounds() AS b;
-    IF pgmb.http_transport() IS NULL THEN
-        PERFORM pgmb.no_transport();
-    END IF;
-    -- pgsql-http keeps its connection between two requests only with http.keepalive on;
-    -- otherwise each request connects anew (sending "Connection: close") and its curl
-    -- handle is thrown away. On for the loop's session, committed with the first claim;
-    -- set whatever the transport, as the http extension may be created while the loop runs
-    -- (without it, it is a setting nothing reads). Put back as found when the loop ends
-    -- (docs/decisions/0075-the-http-extensions-path-kept-alive.md).
-    PERFORM set_config('http.keepalive', 'on', false);
-    -- Registered for the operator (pgmb.dispatchers); committed with the first claim.
-    BEGIN
-        me := pgmb.dispatcher_start('in_database', coalesce(host(inet_server_addr()), 'local'),
-                                    pg_backend_pid(), queue_names);
-    EXCEPTION WHEN others THEN
-        RAISE WARNING 'pgmb: could not register the dispatcher: %', SQLERRM;
-    END;
-    WHILE clock_timestamp() < deadline LOOP
-        EXIT WHEN as_job AND NOT pgmb.cron_job_scheduled();
-        IF clock_timestamp() >= next_beat THEN
-            next_beat := pgmb.loop_beat(me, 0, delivered, failed);
-        END IF;
-        IF clock_timestamp() >= next_reclaim THEN
-            next_reclaim := pgmb.loop_reclaim();
-        END IF;
-        -- Schedules due: published in this turn's transaction, committed with its claim.
-        IF clock_timestamp() >= next_fire THEN
-            next_fire := pgmb.loop_fire_schedules();
-        END IF;
-        claimed_at := clock_timestamp();
-        claimed := pgmb.loop_claim(queue_names, batch);
-        IF claimed IS NULL THEN
-            -- Nothing waits for a sleep: the outcomes kept so far are committed first.
-            CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-            COMMIT;
-            wait := least(coalesce(pgmb.next_wakeup(queue_names), 1), 1,
-                          extract(epoch FROM deadline - clock_timestamp()),
-                          extract(epoch FROM next_fire - clock_timestamp()));
-            COMMIT;
-            PERFORM pg_sleep(greatest(wait, 0.005));
-            CONTINUE;
-        END IF;
-        -- Once per claim: an http extension created or dropped meanwhile is seen at the next.
-        -- Runs need pgmb.post_run_via_plpython, which a database given PL/Python by hand may
-        -- lack: then one request at a time.
-        transport := pgmb.http_transport();
-        runs := transport = 'plpython3u'
-                AND to_regprocedure('pgmb.post_run_via_plpython(text[], text[], jsonb[], float8[], integer, '
-                                    'float8, float8, float8, float8)') IS NOT NULL;
-        SELECT coalesce(bool_or(x.rps < pgmb.unpaced_rps()), false) INTO paced FROM unnest(claimed) AS x;
-        -- One request at a time: the headers of the whole claim in one statement (a run
-        -- builds its own).
-        claim_headers := CASE WHEN NOT runs THEN pgmb.loop_headers(claimed) END;
-        claim_header_records := CASE WHEN transport = 'http' THEN pgmb.http_header_records(claim_headers) END;
-        i := 1;
-        WHILE i <= cardinality(claimed) LOOP
-            c := claimed[i];
-            IF clock_timestamp() >= deadline THEN
-                -- Out of time: hand back what was not posted, unattempted.
-                PERFORM pgmb.release(ARRAY(SELECT x.delivery_id FROM unnest(claimed[i:]) AS x),
-                                     ARRAY(SELECT x.lease_id FROM unnest(claimed[i:]) AS x));
-                EXIT;
-            END IF;
-            -- Pacing: requests to one worker at least 1/rps apart (the bucket caps the rest).
-            wait := 0;
-            IF c.rps < pgmb.unpaced_rps() AND next_post ? c.worker_id::text THEN
-                wait := (next_post ->> c.worker_id::text)::float8 - extract(epoch FROM clock_timestamp());
-            END IF;
-            -- A COMMIT before this request: the claim's (the first of a claim), before and
-            -- after a pacing wait (nothing waits for a sleep), or the batch's, once it is
-            -- full or its oldest outcome would wait too long. This request's start mark
-            -- goes with it.
-            marked := NULL;
-            IF i = 1 OR wait > 0
-               OR cardinality(done_ids) >= commit_every
-               OR (cardinality(done_ids) > 0
-                   AND extract(epoch FROM clock_timestamp() - pending_since) * 1000 + last_post_ms >= commit_ms) THEN
-                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-                IF wait > 0 THEN
-                    COMMIT;
-                    PERFORM pg_sleep(wait);
-                END IF;
-                -- A failed mark does not hold the request back: its expiry would then be
-                -- forgiven (up to twice), as after a crash within a batch.
-                BEGIN
-                    marked := pgmb.start(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
-                EXCEPTION WHEN others THEN
-                    RAISE WARNING 'pgmb: could not mark delivery % started: %', c.delivery_id, SQLERRM;
-                END;
-                COMMIT;
-            END IF;
-            -- A request ends within its lease (docs/decisions/0040-a-request-ends-within-its-lease.md):
-            -- posted only if it can end before its lease runs out, reckoned from before the
-            -- claim, as pgmb_dispatch does (where a lease stored before that rule is not
-            -- longer than the timeout, a request that waited under a quarter of it goes). A
-            -- later one is handed back unattempted, with the outcomes kept so far, so that no
-            -- other dispatcher posts it while this one does. A start mark refused (0: the
-            -- lease is no longer this claim's, reclaimed after it ran out) is not posted either.
-            -- In seconds, not intervals: a timeout or lease stored before the rules may be
-            -- past what an interval holds.
-            waited := extract(epoch FROM clock_timestamp() - claimed_at);
-            IF marked = 0
-               OR (waited + c.timeout >= c.lease_seconds
-                   AND (c.lease_seconds > c.timeout OR waited > c.lease_seconds / 4)) THEN
-                CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-                IF marked IS DISTINCT FROM 0 THEN
-                    PERFORM pgmb.release(ARRAY[c.delivery_id], ARRAY[c.lease_id]);
-                END IF;
-                COMMIT;
-                i := i + 1;
-                CONTINUE;
-            END IF;
-            -- Post: a run from this row, or this one request.
-            posted_outcomes := NULL;
-            IF runs AND c.rps >= pgmb.unpaced_rps() THEN
-                SELECT r.delivery_ids, r.lease_ids, r.outcomes, r.first_finished, r.last_ms, r.ok
-                INTO posted_ids, posted_leases, posted_outcomes, first_finished, last_post_ms, posted_ok
-                FROM pgmb.loop_post_run(claimed, i, paced, claimed_at, commit_every - cardinality(done_ids),
-                                        commit_ms, CASE WHEN cardinality(done_ids) > 0 THEN pending_since END,
-                                        last_post_ms, deadline) AS r;
-            END IF;
-            IF posted_outcomes IS NULL THEN
-                IF c.rps < pgmb.unpaced_rps() THEN
-                    next_post := next_post || jsonb_build_object(c.worker_id::text,
-                                                                 extract(epoch FROM clock_timestamp()) + 1.0 / c.rps);
-                END IF;
-                started := clock_timestamp();
-                -- A paced row builds its headers when posted: its signature's time is then
-                -- its request's, however long it waited.
-                posted_outcomes := ARRAY[CASE WHEN c.rps >= pgmb.unpaced_rps()
-                                              THEN pgmb.loop_post(c, transport, claim_headers[i], claim_header_records[i])
-                                              ELSE pgmb.loop_post(c, transport, NULL, NULL) END];
-                first_finished := clock_timestamp();
-                last_post_ms := extract(epoch FROM first_finished - started) * 1000;
-                posted_ok := CASE WHEN (posted_outcomes[1]).status BETWEEN 200 AND 299 THEN 1 ELSE 0 END;
-                posted_ids := ARRAY[c.delivery_id];
-                posted_leases := ARRAY[c.lease_id];
-            END IF;
-            -- Keep the outcomes for the next "record".
-            IF cardinality(done_ids) = 0 THEN
-                pending_since := first_finished;
-            END IF;
-            done_ids := done_ids || posted_ids;
-            done_leases := done_leases || posted_leases;
-            done_outcomes := done_outcomes || posted_outcomes;
-            delivered := delivered + posted_ok;
-            failed := failed + cardinality(posted_outcomes) - posted_ok;
-            i := i + cardinality(posted_outcomes);
-            IF clock_timestamp() >= next_beat THEN
-                next_beat := pgmb.loop_beat(me, cardinality(claimed) - i + 1, delivered, failed);
-            END IF;
-        END LOOP;
-    END LOOP;
-    -- The last outcomes, committed with the CALL.
-    CALL pgmb.loop_record(done_ids, done_leases, done_outcomes);
-    IF me IS NOT NULL THEN
-        BEGIN
-            PERFORM pgmb.dispatcher_stop(me, delivered, failed);
-        EXCEPTION WHEN others THEN
-            RAISE WARNING 'pgmb: could not mark the dispatcher stopped: %', SQLERRM;
-        END;
-    END IF;
-    -- RESET, not '': pgsql-http keeps connections whenever the setting has any value.
-    IF coalesce(keepalive_was, '') = '' THEN
-        RESET http.keepalive;
-    ELSE
-        PERFORM set_config('http.keepalive', keepalive_was, false);
-    END IF;
 END $$;
 
 -- Closed, as every function of pgmb's but the reviewed list (access.sql): the owner and

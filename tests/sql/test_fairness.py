@@ -102,6 +102,25 @@ def test_a_cap_keeps_a_keys_requests_in_flight_under_it(make_queue, sql):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_lease_that_ran_out_no_longer_holds_its_keys_slot(make_queue, sql):
+    """A dispatcher killed with a key's only slot: once its lease has run out the key's
+    next delivery is claimable, before anything reclaims the dead one."""
+    queue = make_queue("#", max_retries=0)
+    sql("SELECT pgmb.fairness(%s, 'tenant')", (queue.name,))
+    sql("SELECT pgmb.fair_key(%s, 'one', max_in_flight => 1)", (queue.name,))
+    _publish("one", 2)
+    [held] = deliveries.claim(None, 100)
+    assert deliveries.claim(None, 100) == []
+    sql(
+        "UPDATE pgmb_delivery SET available_at = now() - interval '1 second' WHERE id = %s",
+        (held.delivery_id,),
+    )
+    assert sql("SELECT pgmb.next_wakeup(NULL)")[0][0] == 0
+    [next_one] = deliveries.claim(None, 100)
+    assert next_one.delivery_id != held.delivery_id and _tenant(next_one) == "one"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_rate_limited_key_gets_its_bucket_and_the_others_go_on(make_queue, sql):
     queue = make_queue("#", max_retries=0)
     sql("SELECT pgmb.fairness(%s, 'tenant')", (queue.name,))

@@ -2238,12 +2238,15 @@ BEGIN
     END IF;
     -- What each key may have: a statement of its own, after the keys are locked, so that
     -- it sees the leases of the claim that held a key before (committed by then) and a cap
-    -- holds across claims. wanted + 1 stands for "more than this claim takes".
+    -- holds across claims; a lease that ran out is not counted (a killed dispatcher's slots
+    -- come back with it, as a worker's cap's do). wanted + 1 stands for "more than this
+    -- claim takes".
     SELECT array_agg(k.weight ORDER BY u.n), array_agg(k.credit ORDER BY u.n),
            array_agg(least(
                CASE WHEN k.max_in_flight IS NULL THEN wanted + 1
                     ELSE k.max_in_flight - (SELECT count(*) FROM pgmb_delivery l
-                                            WHERE l.queue_id = q AND l.fair_key = k.key AND l.state = 'leased') END,
+                                            WHERE l.queue_id = q AND l.fair_key = k.key AND l.state = 'leased'
+                                              AND l.available_at > t) END,
                CASE WHEN k.rps IS NULL THEN wanted + 1 ELSE floor(b.bucket) END,
                (SELECT count(*) FROM (SELECT FROM pgmb_delivery d
                                       WHERE d.queue_id = q AND d.fair_key = k.key AND d.state = 'ready'
@@ -2328,7 +2331,8 @@ BEGIN
         WHERE k.queue_id = q
           AND (k.max_in_flight IS NULL
                OR k.max_in_flight > (SELECT count(*) FROM pgmb_delivery l
-                                     WHERE l.queue_id = q AND l.fair_key = k.key AND l.state = 'leased')));
+                                     WHERE l.queue_id = q AND l.fair_key = k.key AND l.state = 'leased'
+                                       AND l.available_at > clock_timestamp())));
 END $$;
 
 -- Closed by default (access.sql): the owner and pgmb_admin call these.

@@ -1,5 +1,5 @@
 """A queue's *Fair shares* page in the admin: its fairness header and its keys' settings
-(docs/fairness.md), shown and set.
+(docs/fairness.md, docs/decisions/0093-fair-shares-from-the-admin.md), shown and set.
 
 Every change goes through :mod:`pgmb.fairness` (``pgmb.fairness``, ``pgmb.fair_key``), as
 SQL, Python and ``manage.py pgmb_fairness`` do: the rules are the database's, and a value
@@ -16,13 +16,20 @@ without it); each change is recorded as a ``LogEntry`` on the queue.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, router, transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -151,7 +158,7 @@ class FairSharesView:
                 self._reset(self.request.POST.get("reset_key"))
                 return self._again()
             else:
-                raise PermissionDenied
+                return HttpResponseBadRequest(_("No such change: header, key or reset."))
         return self._page(header_form, key_form)
 
     def _shares(self) -> fairness.Shares:
@@ -180,7 +187,7 @@ class FairSharesView:
                 }
         return {"key": name, "without_header": name == ""}
 
-    def _write(self, form: forms.Form | None, change: Any) -> bool:
+    def _write(self, form: forms.Form | None, change: Callable[[], object]) -> bool:
         """Run ``change`` in a transaction of its own; a refusal is ``form``'s error (or the
         page's message without one), nothing changed."""
         try:

@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 TEMPLATE = "admin/pgmb/queue_fair_shares.html"
 URL_NAME = "pgmb_queue_fair_shares"
 
+#: How many keys the page lists, in turn order; any other is set by name in the form.
+KEYS_SHOWN = 500
+
 #: PostgreSQL's integer: a number outside it is a type error, not one of fairness' rules.
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
 
@@ -266,8 +269,9 @@ class FairSharesView:
                     "key": k,
                     "set": (k.weight, k.max_in_flight, k.rps) != (1, None, None),
                 }
-                for k in shares.keys
+                for k in shares.keys[:KEYS_SHOWN]
             ],
+            "keys_not_shown": max(0, len(shares.keys) - KEYS_SHOWN),
             "header_form": header_form,
             "key_form": key_form,
             "media": self.model_admin.media + header_form.media + key_form.media,

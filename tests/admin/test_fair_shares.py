@@ -11,6 +11,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import Permission
 
 from pgmb import fairness
+from pgmb.admin import fair_shares
 
 from .conftest import url
 
@@ -268,3 +269,19 @@ def test_an_unknown_queue_or_action_is_refused(admin_client, make_queue, sql):
     )
     assert admin_client.post(page_url(queue), {"_action": "drop"}).status_code == 400
     assert sql(HEADER, ("orders",)) == [(None,)]
+
+
+def test_a_queue_with_many_keys_lists_the_first_in_turn(admin_client, make_queue, sql):
+    queue = make_queue("order.#", name="orders")
+    sql(
+        "INSERT INTO pgmb.fair_key (queue_id, key) "
+        "SELECT %s, 'k' || lpad(n::text, 4, '0') FROM generate_series(1, %s) n",
+        (queue.pk, fair_shares.KEYS_SHOWN + 2),
+    )
+
+    response = admin_client.get(page_url(queue))
+
+    assert [row["key"].key for row in response.context["keys"]] == [
+        f"k{n:04d}" for n in range(1, fair_shares.KEYS_SHOWN + 1)
+    ]
+    assert "2 more keys, later in turn, are not listed" in response.content.decode()

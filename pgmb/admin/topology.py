@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.db.models import Count, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext
@@ -23,6 +24,8 @@ from ..metrics import QueueMetrics, WorkerMetrics
 from ..models import Queue, Worker
 from . import breakers, dead_letters, health, pausing, windows, worker_test
 from .common import refuse_unpermitted, touches_hidden_field
+from .fair_shares import URL_NAME as FAIR_SHARES_URL
+from .fair_shares import FairSharesView
 from .forms import WorkerForm
 from .retiring_secrets import RetiringSecretInline
 
@@ -360,6 +363,8 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
     # The state column reads the worker's `active` from this join: no query per row.
     list_select_related = ("worker",)
     search_fields = ("name", "binding_key")
+    # The queue's page links its Fair shares page (fair_shares.py) for those who may change it.
+    change_form_template = "admin/pgmb/queue_change_form.html"
     readonly_fields = ("pattern", "sql_views", "fair_shares", "id", "created_at")
     actions = (*pausing.QUEUE_ACTIONS, "requeue_dead_letters", *windows.ACTIONS)
     fieldsets = (
@@ -375,12 +380,23 @@ class QueueAdmin(health.MetricsColumnsMixin, admin.ModelAdmin):
         (_("Monitoring"), {"fields": ("sql_views", "id", "created_at")}),
     )
 
+    def get_urls(self) -> list[URLPattern]:
+        # Before the admin's own: its "<object_id>/" would take this path too.
+        view = self.admin_site.admin_view(self.fair_shares_view)
+        return [
+            path("<path:object_id>/fair-shares/", view, name=FAIR_SHARES_URL),
+            *super().get_urls(),
+        ]
+
+    def fair_shares_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return FairSharesView(self, request, unquote(object_id)).respond()
+
     @admin.display(description=_("fair shares"))
     def fair_shares(self, obj: Queue) -> str:
-        # Set in SQL or with manage.py pgmb_fairness (docs/fairness.md): shown, not edited.
+        # Edited on the queue's Fair shares page (its button above the form).
         shares = fairness.shares(obj.name, using=obj._state.db) if obj.pk else None
         if shares is None or shares.header is None:
-            return gettext("off: oldest first (manage.py pgmb_fairness to name a header)")
+            return gettext("off: oldest first")
         keys = "; ".join(
             f"{k.key or '(none)'}: weight {k.weight}"
             + ("" if k.max_in_flight is None else f", {k.max_in_flight} in flight at most")

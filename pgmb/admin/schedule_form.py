@@ -62,7 +62,7 @@ class ScheduleForm(forms.ModelForm):
         ]
         widgets = {
             "name": forms.TextInput(attrs={"class": "vTextField"}),
-            "cron": forms.TextInput(attrs={"class": "vTextField", "placeholder": "30 2 * * *"}),
+            "cron": forms.TextInput(attrs={"class": "vTextField"}),
             "timezone": forms.TextInput(attrs={"class": "vTextField"}),
             "routing_key": forms.TextInput(attrs={"class": "vTextField"}),
             "body": forms.Textarea(attrs={"rows": 4, "class": "vLargeTextField"}),

@@ -13,6 +13,7 @@ fire it; its change page shows the next run and the last runs, each with its mes
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from django.contrib import admin
@@ -25,7 +26,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
-from django.utils.timesince import timesince, timeuntil
+from django.utils.timesince import timesince
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -40,6 +41,14 @@ LAST_RUNS_SHOWN = 3
 
 #: What only the loops that fire a schedule write: shown on its change page.
 RUN_FIELDS = ("next_run", "last_runs_listed", "runs", "last_error", "created_at")
+
+
+def _span(span: datetime.timedelta) -> str:
+    """``42 s`` under a minute (timesince would say "0 minutes"), else ``3 hours, 5 minutes``."""
+    if span < datetime.timedelta(minutes=1):
+        return gettext("%(n)d s") % {"n": span.total_seconds()}
+    now = timezone.now()
+    return timesince(now - span, now)
 
 
 def _when(moment: Any) -> str:
@@ -143,10 +152,10 @@ class ScheduleAdmin(admin.ModelAdmin):
         if obj.paused:
             note = gettext("paused: fires nothing until resumed")
         elif due > now:
-            note = gettext("in %(time)s") % {"time": timeuntil(due, now)}
+            note = gettext("in %(time)s") % {"time": _span(due - now)}
         else:
             note = gettext("due %(time)s ago: fires when a dispatcher or the loop runs") % {
-                "time": timesince(due, now)
+                "time": _span(now - due)
             }
         return format_html('<span class="pgmb-next-run">{}</span> ({})', _when(due), note)
 

@@ -266,4 +266,29 @@ def test_pausing_in_the_form_needs_the_pause_permission(client, django_user_mode
     assert form_errors(response) == {}
     assert stored("nightly")["paused"] is True
     response = pauser.post(url("schedule_change", pk), FORM)
+    assert form_errors(response) == {}
     assert stored("nightly")["paused"] is False
+    # The changer's change, then the pause and the resume.
+    messages = [e.get_change_message() for e in LogEntry.objects.order_by("pk")]
+    assert len(messages) == 3 and "Paused" not in messages[0]
+    assert all(m.startswith("Changed Paused") for m in messages[1:]), messages
+
+
+def fire(ago: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgmb_schedule SET next_run_at = now() - %s::interval WHERE name = 'beat'",
+            [ago],
+        )
+        cursor.execute("SELECT pgmb.fire_schedules()")
+
+
+def test_the_last_runs_cost_one_query_however_many(admin_client, count_queries):
+    pk = schedules.schedule("beat", "ops.beat", {}, every=10)
+    page = url("schedule_change", pk)
+    fire("10 s")
+    one = count_queries(lambda: admin_client.get(page))
+    for n in range(9, 0, -1):
+        fire(f"{n} s")
+    assert len(Schedule.objects.get().last_runs) == 10
+    assert count_queries(lambda: admin_client.get(page)) == one

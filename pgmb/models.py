@@ -1381,7 +1381,9 @@ class Schedule(models.Model):
         _("missed runs"), choices=Missed.choices, default=Missed.ONCE, db_default="once"
     )
     routing_key = models.TextField()
-    body = models.JSONField()
+    #: Any JSON value: blank lets {} and [] through the admin's form (Django takes them
+    #: for empty); pgmb.schedule checks the body.
+    body = models.JSONField(blank=True)
     headers = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
     #: The Django task each run enqueues (pgmb.tasks.schedule_task); NULL: a plain message.
     task = models.JSONField(null=True, blank=True)

@@ -1,6 +1,7 @@
 """The operator's console: pgmb's models in the Django admin.
 
-Workers and queues are edited here (their forms check every rule the database enforces);
+Workers, queues and schedules are edited here (their forms check every rule the database
+enforces; a schedule's is written through ``pgmb.schedule``);
 messages, live deliveries, dead letters and the attempt log are read-only views of what
 the broker did, and the dispatchers list shows who does it; the dashboard shows their figures
 on one page, with charts of the last hour. Importing this package registers the ModelAdmins

@@ -312,7 +312,7 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("routing_key", models.TextField()),
-                ("body", models.JSONField()),
+                ("body", models.JSONField(blank=True)),
                 (
                     "headers",
                     models.JSONField(db_default=models.Value({}, models.JSONField()), default=dict),

@@ -146,6 +146,10 @@ def test_changing_a_schedule_keeps_its_next_due_time_unless_when_changes(sql):
         ("cron => '0 0 * * *', every => interval '1 minute'", "either cron or every"),
         ("", "either cron or every"),
         ("every => interval '1 minute', missed => 'never'", "skip, once or all"),
+        (
+            "every => interval '1 minute', headers => '[1]'",
+            "the headers are a JSON object, not array",
+        ),
     ],
 )
 def test_bad_input_stores_nothing(sql, raises_sql, args, words):

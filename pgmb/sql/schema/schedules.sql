@@ -363,6 +363,11 @@ BEGIN
     IF body IS NULL THEN
         RAISE EXCEPTION 'a message body is required (JSON null is ''null''::jsonb)' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- A message's headers are an object (pgmb_message's CHECK): refused here, not at each fire.
+    IF jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'schedule "%": the headers are a JSON object, not %', name, jsonb_typeof(headers)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     problem := pgmb.message_problem(body, coalesce(headers, '{}'));
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'schedule "%": %', name, problem USING ERRCODE = 'invalid_parameter_value';

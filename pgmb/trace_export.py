@@ -105,7 +105,9 @@ def export_batch(
 ) -> Exported:
     """Read up to ``batch`` of the loop's attempts after the position and make their spans,
     in one transaction that moves the position past them. Spans go to the provider as they
-    end: should the transaction then fail, the batch is read again (at least once)."""
+    end: should the transaction then fail, the batch is read again (at least once).
+    :class:`TracingUnavailable` where spans would go nowhere (nothing is read)."""
+    check_recording()
     alias = using or conf.get().DATABASE
     with transaction.atomic(using=alias):
         run(Call(_statement("start"), {}, lambda names, rows: None), alias)

@@ -6,9 +6,12 @@ child of the publisher's, each attempt exported once."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from io import StringIO
 
+import psycopg
 from django.core.management import call_command
+from django.db import connections
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -19,6 +22,7 @@ from pgmb.dispatch.engine import Dispatcher, Options
 from pgmb.models import Attempt
 from tests.httpserver import reply
 from tests.spans import named, traceparent
+from tests.waiting import wait_until
 
 
 def test_the_worker_gets_the_publishers_context(
@@ -127,6 +131,48 @@ def test_an_attempt_is_left_for_later_until_its_lag_has_passed(
     dispatch_until(lambda: len(server.requests) == 1, "the request")
     assert trace_export.export(lag=3600) == trace_export.Exported(read=0, spans=0)
     assert trace_export.export(lag=0) == trace_export.Exported(read=1, spans=1)
+
+
+def test_an_exporter_that_waited_for_another_goes_on_where_that_one_stopped(
+    spans, pg, transport, dispatch_until, make_recording_server, make_worker, make_queue
+):
+    server = make_recording_server()
+    make_queue("#", worker=make_worker(endpoint=server.url()))
+    with trace.get_tracer("test").start_as_current_span("publish"):
+        pgmb.send("k", {"n": 1})
+    dispatch_until(lambda: len(server.requests) == 1, "the request")
+    trace_export.export(lag=3600)  # makes the position row, reads nothing yet
+    other = psycopg.connect(**conninfo_from_django("default"))
+    try:
+        # Another exporter holds the position while it exports the attempt.
+        other.execute("SELECT * FROM pgmb.trace_export FOR UPDATE")
+        done: list[trace_export.Exported] = []
+        waiting = threading.Thread(target=lambda: done.append(export_and_close()))
+        waiting.start()
+        wait_until(
+            lambda: pg.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%%pgmb.trace_export FOR UPDATE%%'"
+            ).fetchall(),
+            message="the second exporter waiting for the position",
+        )
+        other.execute(
+            "UPDATE pgmb.trace_export SET (recorded_at, attempt_id) ="
+            " (SELECT created_at, id FROM pgmb_attempt ORDER BY created_at DESC, id DESC LIMIT 1)"
+        )
+        other.commit()
+        waiting.join(timeout=60)
+    finally:
+        other.close()
+    assert done == [trace_export.Exported(read=0, spans=0)]
+    assert [s.name for s in spans.get_finished_spans()] == ["publish"]
+
+
+def export_and_close() -> trace_export.Exported:
+    try:
+        return trace_export.export(lag=0)
+    finally:
+        connections.close_all()  # this thread's
 
 
 def call_command_output(*args: str) -> str:

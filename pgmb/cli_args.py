@@ -37,6 +37,17 @@ def positive(kind: Callable[[str], N]) -> Callable[[str], N]:
     return parse
 
 
+def not_negative(text: str) -> float:
+    """An argparse ``type``: a number of seconds, 0 or more."""
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise ValueError(text)
+    return value
+
+
+not_negative.__name__ = "non-negative number"
+
+
 def database_alias(given: str | None) -> str:
     """The database a command's ``--database`` names (default ``PGMB['DATABASE']``),
     refused with a clear error when settings.DATABASES has no such alias."""

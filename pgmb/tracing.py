@@ -7,7 +7,9 @@ it is stored with the message and reaches every queue the message is routed to. 
 external dispatcher records a span per attempt, a child of the publisher's, and sends the
 worker that span's context in place of the publisher's; a pull consumer (``pgmb_consume``,
 the Tasks worker) runs its handler in a span continuing the trace. The in-database loop
-sends the stored headers as they are: the worker's span is then the publisher's child.
+sends the stored headers as they are: the worker's span is then the publisher's child;
+its attempts become spans afterwards, made from the history by ``pgmb_trace_export``
+(pgmb.trace_export).
 
 Only messages that carry a trace context get spans: untraced traffic pays nothing. Without
 the package this module imports nothing and every function here leaves things as they are.
@@ -44,6 +46,25 @@ def _fields() -> frozenset[str]:
     return _fields_of[1]
 
 
+def recording() -> bool:
+    """Whether spans made here go somewhere: the package is installed and a tracer provider
+    was set up in this process (the SDK's, by ``opentelemetry-instrument`` or the project),
+    not the API's stand-in that drops them."""
+    if not ENABLED:
+        return False
+    return not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+
+
+def flush() -> None:
+    """Hand the spans made so far to the provider's exporters (a provider that batches them
+    would otherwise keep the last ones until it is shut down)."""
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        force_flush()
+
+
 def publish_headers() -> dict[str, str]:
     """The current trace context as message headers ({} outside a span, or without the
     package). Read once per publishing call: every message of a batch carries the same."""
@@ -75,10 +96,18 @@ def _parent(headers: Mapping[str, Any]) -> Any:
 
 
 class AttemptSpan:
-    """The span of one delivery attempt by the external dispatcher (kind CLIENT)."""
+    """The span of one delivery attempt (kind CLIENT): the external dispatcher's, started as
+    its request is, or one of the in-database loop's, made afterwards from the history
+    (pgmb.trace_export) with the attempt's times (nanoseconds since the epoch)."""
 
     def __init__(
-        self, headers: Mapping[str, Any], *, queue: str, message_id: str, attempt: int
+        self,
+        headers: Mapping[str, Any],
+        *,
+        queue: str,
+        message_id: str,
+        attempt: int,
+        start_time: int | None = None,
     ) -> None:
         self.span = trace.get_tracer(SCOPE).start_span(
             f"deliver {queue}",
@@ -90,6 +119,7 @@ class AttemptSpan:
                 "messaging.message.id": message_id,
                 "pgmb.attempt": attempt,
             },
+            start_time=start_time,
         )
 
     def inject(self, request_headers: MutableMapping[str, str]) -> None:
@@ -98,14 +128,21 @@ class AttemptSpan:
             del request_headers[name]
         propagate.inject(request_headers, context=trace.set_span_in_context(self.span))
 
-    def end(self, status: int | None, duration_ms: float, error: str, ok: bool) -> None:
+    def end(
+        self,
+        status: int | None,
+        duration_ms: float,
+        error: str,
+        ok: bool,
+        end_time: int | None = None,
+    ) -> None:
         span = self.span
         if status is not None:
             span.set_attribute("http.response.status_code", status)
         span.set_attribute("pgmb.duration_ms", duration_ms)
         if not ok:
             span.set_status(StatusCode.ERROR, error[:200])
-        span.end()
+        span.end(end_time=end_time)
 
 
 @contextlib.contextmanager

@@ -1478,3 +1478,9 @@ DROP FUNCTION IF EXISTS pgmb.cron_fields(text);
 DROP FUNCTION IF EXISTS pgmb.cron_field(text, text, integer);
 DROP FUNCTION IF EXISTS pgmb.cron_number(text, text, integer);
 DROP FUNCTION IF EXISTS pgmb.cron_refuse(text, text);
+
+
+-- ==== Spans of the in-database loop's attempts ====
+-- 0.1.1 had neither; pgmb.loop_record is 0.2.0's (dropped with the loop's named steps).
+DROP TABLE IF EXISTS pgmb.trace_export;
+ALTER TABLE pgmb_attempt DROP COLUMN IF EXISTS indb;

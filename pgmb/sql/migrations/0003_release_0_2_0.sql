@@ -394,7 +394,11 @@ CREATE OR REPLACE PROCEDURE pgmb.loop_record(INOUT delivery_ids bigint[], INOUT 
 LANGUAGE plpgsql AS $$
 BEGIN
     IF cardinality(delivery_ids) > 0 THEN
+        -- The history rows written meanwhile are the loop's (pgmb_attempt.indb's default);
+        -- set for the call only: what the loop writes otherwise (expired leases) is not.
+        PERFORM set_config('pgmb.indb_recording', 'on', true);
         PERFORM pgmb.record_outcomes(delivery_ids, lease_ids, outcomes);
+        PERFORM set_config('pgmb.indb_recording', '', true);
     END IF;
     delivery_ids := '{}';
     lease_ids := '{}';
@@ -3837,3 +3841,27 @@ BEGIN
         GRANT USAGE, SELECT ON SEQUENCE pgmb_schedule_id_seq TO pgmb_admin;
     END IF;
 END $$;
+
+-- ==== Spans of the in-database loop's attempts ====
+-- (docs/decisions/0091-spans-of-the-in-database-loops-attempts.md) A column with a stable
+-- default: no row is rewritten, and 0.1.1's writers of the history, which do not name it,
+-- write false.
+
+-- Whether the in-database loop recorded the attempt (its outcome writer, pgmb.loop_record,
+-- sets pgmb.indb_recording for the call): pgmb_trace_export makes spans of these, which no
+-- dispatcher made (docs/tracing.md). A default, so that no writer of the history names it
+-- (0.1.1's included) and an outcome costs one setting read. Not a Django field: nothing in
+-- Python reads it but the exporter's SQL. Stable, not volatile: adding it rewrites no row.
+ALTER TABLE pgmb_attempt
+    ADD COLUMN IF NOT EXISTS indb boolean NOT NULL
+        DEFAULT (coalesce(current_setting('pgmb.indb_recording', true), '') = 'on');
+
+-- How far pgmb_trace_export has read the in-database loop's attempts (pgmb_attempt.indb), in
+-- the order (created_at, id): one row, none before its first run. Its run locks it, so that
+-- two exporters take turns and export each attempt once.
+CREATE TABLE IF NOT EXISTS pgmb.trace_export (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    recorded_at timestamptz NOT NULL,
+    attempt_id bigint NOT NULL
+);
+

@@ -80,6 +80,15 @@ CREATE TABLE IF NOT EXISTS pgmb.endpoint_policy (
 );
 INSERT INTO pgmb.endpoint_policy DEFAULT VALUES ON CONFLICT DO NOTHING;
 
+-- How far pgmb_trace_export has read the in-database loop's attempts (pgmb_attempt.indb), in
+-- the order (created_at, id): one row, none before its first run. Its run locks it, so that
+-- two exporters take turns and export each attempt once.
+CREATE TABLE IF NOT EXISTS pgmb.trace_export (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    recorded_at timestamptz NOT NULL,
+    attempt_id bigint NOT NULL
+);
+
 -- The rule of pgmb.endpoint_policy.Policy.refuses (one table of cases runs both,
 -- tests/security/test_endpoint_policy.py): an address in an allowed network is reachable,
 -- else one in a denied network is refused, else it is reachable. An IPv4-mapped IPv6
@@ -482,7 +491,11 @@ CREATE OR REPLACE PROCEDURE pgmb.loop_record(INOUT delivery_ids bigint[], INOUT 
 LANGUAGE plpgsql AS $$
 BEGIN
     IF cardinality(delivery_ids) > 0 THEN
+        -- The history rows written meanwhile are the loop's (pgmb_attempt.indb's default);
+        -- set for the call only: what the loop writes otherwise (expired leases) is not.
+        PERFORM set_config('pgmb.indb_recording', 'on', true);
         PERFORM pgmb.record_outcomes(delivery_ids, lease_ids, outcomes);
+        PERFORM set_config('pgmb.indb_recording', '', true);
     END IF;
     delivery_ids := '{}';
     lease_ids := '{}';

@@ -94,6 +94,15 @@ ALTER TABLE pgmb_attempt
     ALTER COLUMN error SET DEFAULT '',
     ALTER COLUMN created_at SET DEFAULT now();
 
+-- Whether the in-database loop recorded the attempt (its outcome writer, pgmb.loop_record,
+-- sets pgmb.indb_recording for the call): pgmb_trace_export makes spans of these, which no
+-- dispatcher made (docs/tracing.md). A default, so that no writer of the history names it
+-- (0.1.1's included) and an outcome costs one setting read. Not a Django field: nothing in
+-- Python reads it but the exporter's SQL. Stable, not volatile: adding it rewrites no row.
+ALTER TABLE pgmb_attempt
+    ADD COLUMN IF NOT EXISTS indb boolean NOT NULL
+        DEFAULT (coalesce(current_setting('pgmb.indb_recording', true), '') = 'on');
+
 ALTER TABLE pgmb_statistics
     -- Immutable (AT TIME ZONE 'UTC', not the session's zone): an hour bucket is the same
     -- whatever the writer's time zone.

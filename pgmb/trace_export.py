@@ -126,7 +126,10 @@ def export_batch(
             alias,
         )
         spans = sum(_span(row) for row in rows)
-        if rows:
+        if len(rows) < batch:
+            params = {"upto": position["upto"]}
+            run(Call(_statement("pass"), params, lambda names, rows: None), alias)
+        else:
             last = rows[-1]
             params = {"recorded_at": last["created_at"], "attempt_id": last["id"]}
             run(Call(_statement("advance"), params, lambda names, rows: None), alias)

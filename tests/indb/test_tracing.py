@@ -179,3 +179,24 @@ def call_command_output(*args: str) -> str:
     out = StringIO()
     call_command("pgmb_trace_export", *args, stdout=out)
     return out.getvalue().strip()
+
+
+def test_attempts_passed_over_are_not_read_again_and_the_position_never_goes_back(
+    spans, pg, make_recording_server, make_worker, make_queue
+):
+    server = make_recording_server()
+    make_queue("#", worker=make_worker(endpoint=server.url()))
+    with trace.get_tracer("test").start_as_current_span("publish"):
+        pgmb.send("k", {"n": 1})
+    asyncio.run(
+        Dispatcher(conninfo_from_django("default"), Options(until_idle=True, max_seconds=120)).run()
+    )
+    assert len(server.requests) == 1
+    position = "SELECT recorded_at, attempt_id FROM pgmb.trace_export"
+
+    assert trace_export.export(lag=0) == trace_export.Exported(read=0, spans=0)
+    [(recorded_at, _)] = pg.execute(position).fetchall()
+    [(created_at,)] = pg.execute("SELECT created_at FROM pgmb_attempt").fetchall()
+    assert recorded_at >= created_at  # pgmb_dispatch's attempt is behind it
+    trace_export.export(lag=3600)
+    assert pg.execute(position).fetchall()[0][0] == recorded_at

@@ -30,3 +30,10 @@ LIMIT %(batch)s
 
 -- name: advance
 UPDATE pgmb.trace_export SET recorded_at = %(recorded_at)s, attempt_id = %(attempt_id)s
+
+-- name: pass
+-- A batch short of its limit read everything recorded up to `upto`: the position moves
+-- there, so that the next run does not read again the attempts it passed over (those of
+-- pgmb_dispatch, untraced or not). Never back (a run with a longer lag).
+UPDATE pgmb.trace_export SET recorded_at = %(upto)s, attempt_id = 9223372036854775807
+WHERE (recorded_at, attempt_id) < (%(upto)s, 9223372036854775807)

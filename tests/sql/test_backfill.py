@@ -51,8 +51,13 @@ def test_backfill_gives_a_later_queue_exactly_the_matching_older_messages_once(m
 def test_backfill_keeps_to_its_window_and_its_limit_then_goes_on(make_queue, sql):
     make_queue("order.*", name="orders")
     ids = [pgmb.send("order.created", {"n": n}) for n in range(5)]
-    # The first message an hour older than the rest.
+    # The first message an hour older than the rest; the rest a second apart (sent in the
+    # test's one transaction, they would share its time, and ids of one millisecond are in
+    # no particular order).
     Message.objects.filter(pk=ids[0]).update(created_at=timezone.now() - 2 * HOUR)
+    for n, message_id in enumerate(ids[1:]):
+        sent_at = timezone.now() - HOUR / 2 + n * dt.timedelta(seconds=1)
+        Message.objects.filter(pk=message_id).update(created_at=sent_at)
     make_queue("order.*", name="late")
     since = timezone.now() - HOUR
 

@@ -210,7 +210,7 @@ def test_pg_cron_delivers_through_the_extension(installed, make_recording_server
             conn.execute(CREATE_QUICK_START.replace(PLACEHOLDER, str(worker_id)))
             [(message_id,)] = conn.execute(SENDS[0]).fetchall()
             conn.execute("SELECT pgmb.cron_install()")
-            server.wait_for(1)
+            server.wait_for(1, timeout=150)  # pg_cron 1.4: the next whole minute, and then some
             wait_until(
                 lambda: conn.execute("SELECT count(*) FROM pgmb_delivery").fetchone() == (0,),
                 message="the delivery acknowledged",

@@ -2138,3 +2138,12 @@ DROP FUNCTION IF EXISTS pgmb.cron_fields(text);
 DROP FUNCTION IF EXISTS pgmb.cron_field(text, text, integer);
 DROP FUNCTION IF EXISTS pgmb.cron_number(text, text, integer);
 DROP FUNCTION IF EXISTS pgmb.cron_refuse(text, text);
+
+-- ==== Unique while live ====
+-- 0.1.1's pgmb.admit_message is put back by the section "Expiry" above. The new functions
+-- are dropped before the Django operations drop the columns, the index and the trigger.
+DROP FUNCTION IF EXISTS pgmb.send_unique(uuid, text, jsonb, text, text, jsonb, timestamptz, float8, timestamptz, integer, text, integer, float8);
+DROP FUNCTION IF EXISTS pgmb.unique_live(text, text);
+DROP FUNCTION IF EXISTS pgmb.admit_unique_delivery(pgmb_delivery);
+DROP FUNCTION IF EXISTS pgmb.admit_unique(pgmb_message);
+DROP FUNCTION IF EXISTS pgmb.unique_key_problem(text, text);

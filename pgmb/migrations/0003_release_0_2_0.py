@@ -187,21 +187,6 @@ class Migration(migrations.Migration):
                 name="pgmb_delivery_unique_key",
             ),
         ),
-        pgtrigger.migrations.AddTrigger(
-            model_name="delivery",
-            trigger=pgtrigger.compiler.Trigger(
-                name="admit_unique_key",
-                sql=pgtrigger.compiler.UpsertTriggerSql(
-                    condition="WHEN (NEW.unique_key IS NOT NULL)",
-                    func="-- Only deliveries with a unique key get here (the trigger's WHEN).\nRETURN pgmb.admit_unique_delivery(NEW);",
-                    hash="cba0b97baaff9889890a9347ef148ee977ef4ac1",
-                    operation="INSERT",
-                    pgid="pgtrigger_admit_unique_key_8e3e9",
-                    table="pgmb_delivery",
-                    when="BEFORE",
-                ),
-            ),
-        ),
         # Publishing: the routing trigger checks pgtrigger.ignore() without a subtransaction
         # (pgmb/trigger_guard.py, docs/decisions/0073-publishing-write-path.md). Dropped and
         # created again in this transaction, pgmb_message locked first: no publish runs
@@ -428,6 +413,24 @@ class Migration(migrations.Migration):
             },
         ),
         RunMigrationSQL("0003_release_0_2_0"),
+        # Unique while live: the delivery's trigger, after the SQL that defines its function,
+        # so that migrating back drops it before the .down.sql drops the function
+        # django-pgtrigger leaves behind.
+        pgtrigger.migrations.AddTrigger(
+            model_name="delivery",
+            trigger=pgtrigger.compiler.Trigger(
+                name="admit_unique_key",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NEW.unique_key IS NOT NULL)",
+                    func="-- Only deliveries with a unique key get here (the trigger's WHEN).\nRETURN pgmb.admit_unique_delivery(NEW);",
+                    hash="cba0b97baaff9889890a9347ef148ee977ef4ac1",
+                    operation="INSERT",
+                    pgid="pgtrigger_admit_unique_key_8e3e9",
+                    table="pgmb_delivery",
+                    when="BEFORE",
+                ),
+            ),
+        ),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),
         # A claim's refill of the token bucket runs no worker rules
         # (docs/decisions/0078-a-claim-plans-once-and-pays-no-worker-rules.md): the BEFORE

@@ -2147,3 +2147,6 @@ DROP FUNCTION IF EXISTS pgmb.unique_live(text, text);
 DROP FUNCTION IF EXISTS pgmb.admit_unique_delivery(pgmb_delivery);
 DROP FUNCTION IF EXISTS pgmb.admit_unique(pgmb_message);
 DROP FUNCTION IF EXISTS pgmb.unique_key_problem(text, text);
+-- The admit_unique_key trigger's function, which django-pgtrigger leaves behind (the trigger
+-- itself is dropped by Django before this file runs).
+DROP FUNCTION IF EXISTS pgtrigger_admit_unique_key_8e3e9();

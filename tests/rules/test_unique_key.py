@@ -78,7 +78,8 @@ def _sql_sends(key, mode) -> int:
     statements = [
         (
             "INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at,"
-            " unique_key, on_duplicate) VALUES (%s, 'rules.unique', '{}', '{}', now(), now(), %s, %s)",
+            " unique_key, on_duplicate)"
+            " VALUES (%s, 'rules.unique', '{}', '{}', now(), now(), %s, %s)",
             (uuid.uuid4(), key, mode),
         )
     ]

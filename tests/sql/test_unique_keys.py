@@ -16,10 +16,10 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 import pgmb
-from pgmb import deliveries
+from pgmb import deliveries, pull
 from pgmb.db.conninfo import conninfo_from_django
 from pgmb.deliveries import Success
-from pgmb.models import Delivery, Message
+from pgmb.models import Delivery, Message, Queue
 from tests.waiting import DEADLINE
 
 pytestmark = pytest.mark.django_db
@@ -259,3 +259,17 @@ def test_concurrent_replacements_leave_one_live_delivery(make_queue):
     [(_, live, state)] = _live("swap")
     assert live in ids and state == "ready"
     assert Delivery.objects.count() == 1
+
+
+def test_replace_follows_a_pull_message_that_was_read(db):
+    """On a pull queue a message read and not visible again is in flight: its consumer
+    still deletes it; the new message is read after."""
+    Queue.objects.create(name="pulled", binding_key="uk.#", worker=None)
+    first = pgmb.send("uk.a", 1, unique_key="k")
+    [read] = pull.read("pulled", vt=30, qty=10)
+    second = pgmb.send("uk.a", 2, unique_key="k", on_duplicate="replace")
+    assert _live("k") == [("pulled", second, "ready")]
+    assert pull.delete("pulled", read) == [read.id]
+    assert not Delivery.objects.filter(message_id=first).exists()
+    [after] = pull.read("pulled", vt=30, qty=10)
+    assert str(after.message_id) == str(second)

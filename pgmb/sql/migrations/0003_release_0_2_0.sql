@@ -4968,8 +4968,8 @@ END $$;
 -- the transaction (publishers of one key take turns; pgmb.admit_unique_delivery takes it
 -- too), on each queue the message's routing key matches that has a live delivery with the
 -- key: with 'replace', a pending one (ready, delayed, retrying, waiting) is deleted, to be
--- replaced by this message's, and one in flight (leased) gives its key up, to be followed
--- by this message's; with 'skip', when every such queue has one, NULL: the message is not
+-- replaced by this message's, and one in flight (leased; on a pull queue, read and not
+-- visible again yet) gives its key up, to be followed by this message's; with 'skip', when every such queue has one, NULL: the message is not
 -- stored (pgmb.unique_live finds the live one). Where some queues have one and others not,
 -- the message is stored and pgmb.admit_unique_delivery leaves those queues out.
 CREATE OR REPLACE FUNCTION pgmb.admit_unique(m pgmb_message) RETURNS pgmb_message
@@ -4988,13 +4988,16 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('pgmb unique ' || m.unique_key, 0));
     IF m.on_duplicate = 'replace' THEN
         FOR live IN
-            SELECT d.id, d.state FROM pgmb_queue q
+            SELECT d.id, d.state, d.attempts, d.available_at, q.worker_id FROM pgmb_queue q
             JOIN pgmb_delivery d ON d.queue_id = q.id AND d.unique_key = m.unique_key
             WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
             ORDER BY d.id
             FOR UPDATE OF d
         LOOP
-            IF live.state = 'leased' THEN
+            -- In flight: leased, or a pull queue's message read and not visible again yet
+            -- (what pgmb.expire leaves alone too).
+            IF live.state = 'leased'
+               OR (live.worker_id IS NULL AND live.attempts > 0 AND live.available_at > clock_timestamp()) THEN
                 -- Its request is under way: it ends as it would have, this message after it.
                 UPDATE pgmb_delivery d SET unique_key = NULL WHERE d.id = live.id;
             ELSE

@@ -80,14 +80,6 @@ def _send(n: int) -> int:
     return 1
 
 
-def _send_unique(n: int) -> int:
-    """pgmb.send with a unique key nothing holds (docs/decisions/0090-unique-while-live.md)."""
-    import pgmb
-
-    pgmb.send(ROUTING_KEYS[n % 3], order_event(n), unique_key=f"order-{n}")
-    return 1
-
-
 def _send_batch(n: int) -> int:
     import pgmb
 
@@ -146,7 +138,6 @@ def _insert_batch(n: int) -> int:
 OPS: dict[str, Callable[[int], int]] = {
     "send": _send,
     "send_batch": _send_batch,
-    "send_unique": _send_unique,
     "sql_send": _sql_send,
     "insert": _insert,
     "insert_batch": _insert_batch,
@@ -163,9 +154,7 @@ PAIRS = (
     (BASELINE_1, ("pgmb.send", "send", 1, False)),
     (BASELINE_1, (f"pgmb.send, {WAITING}", "send", 1, True)),
     (BASELINE_1, ("SQL pgmb.send()", "sql_send", 1, False)),
-    (BASELINE_1, ("pgmb.send, a unique key", "send_unique", 1, False)),
     (BASELINE_4, ("pgmb.send", "send", 4, False)),
-    (BASELINE_4, ("pgmb.send, a unique key", "send_unique", 4, False)),
     (BASELINE_4, (f"pgmb.send, {WAITING}", "send", 4, True)),
     (BASELINE_BATCH, (f"pgmb.send_batch({BATCH})", "send_batch", 1, False)),
     (BASELINE_BATCH, (f"pgmb.send_batch({BATCH}), {WAITING}", "send_batch", 1, True)),

@@ -269,7 +269,7 @@ def test_replace_follows_a_pull_message_that_was_read(db):
     [read] = pull.read("pulled", vt=30, qty=10)
     second = pgmb.send("uk.a", 2, unique_key="k", on_duplicate="replace")
     assert _live("k") == [("pulled", second, "ready")]
-    assert pull.delete("pulled", read) == [read.id]
+    assert pull.delete("pulled", [read]) == [read.id]
     assert not Delivery.objects.filter(message_id=first).exists()
     [after] = pull.read("pulled", vt=30, qty=10)
     assert str(after.message_id) == str(second)

@@ -74,6 +74,10 @@ CASES = (
     Case("plain INSERT", "plain_send.sql", 1),
     Case("pgmq.send()", "pgmq_send.sql", 1, plain="plain INSERT"),
     Case("pgmb.send()", "pgmb_send.sql", 1, "pgmq.send()", "plain INSERT", again=True),
+    # Unique while live (docs/decisions/0090-unique-while-live.md): a key nothing holds, and
+    # one a live delivery holds (all but the first statement skip), against a send without.
+    Case("pgmb.send_unique(), new key", "pgmb_send_unique.sql", 1, "pgmb.send()"),
+    Case("pgmb.send_unique(), live key", "pgmb_send_unique_skip.sql", 1, "pgmb.send()"),
     Case("plain INSERT ... SELECT 100", "plain_batch.sql", 100),
     Case("pgmq.send_batch(100)", "pgmq_batch.sql", 100, plain="plain INSERT ... SELECT 100"),
     Case(

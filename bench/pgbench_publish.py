@@ -65,6 +65,8 @@ SINGLES = (
     Spec("plain INSERT (twin table)", "plain_send.sql", "baseline"),
     Spec("pgmq.send()", "pgmq_send.sql", "pgmq"),
     Spec("pgmb.send()", "pgmb_send.sql", "pgmb"),
+    # Unique while live (docs/decisions/0090-unique-while-live.md): a key nothing holds.
+    Spec("pgmb.send_unique(), a new key", "pgmb_send_unique.sql", "pgmb"),
     # Without a waiting dispatcher pgmb sends no NOTIFY (the case above; decision 0008 in
     # docs/decisions/).
     # With one, each commit notifies and takes the cluster-wide lock: the worst case, since

@@ -32,11 +32,21 @@ ENVELOPE_KEYS = (
     "retry_delay",
     "ttl",
     "expires_at",
+    "unique_key",
+    "on_duplicate",
 )
 #: The message options (pgmb.send's keywords) a --file applies to every line.
-FILE_OPTIONS = ("priority", "group", "max_retries", "retry_delay", "ttl", "expires_at")
+FILE_OPTIONS = (
+    "priority",
+    "group",
+    "max_retries",
+    "retry_delay",
+    "ttl",
+    "expires_at",
+    "on_duplicate",
+)
 #: The options only a single message (or an envelope) may have.
-SINGLE_OPTIONS = ("depends_on", "dedup_id")
+SINGLE_OPTIONS = ("depends_on", "dedup_id", "unique_key")
 
 Delay = float | datetime | None
 

@@ -754,6 +754,18 @@ class Message(models.Model):
     retry_delay = models.FloatField(_("retry delay (s)"), null=True, blank=True)
     #: Not delivered after this time (its TTL, or a time its producer gave); None: never.
     expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
+    #: While a delivery with this key is live on a queue, another message with it is
+    #: skipped there or replaces it (``on_duplicate``; docs/publishing.md, Unique while live).
+    unique_key = models.CharField(  # noqa: DJ001
+        _("unique key"), max_length=128, null=True, blank=True
+    )
+    on_duplicate = models.CharField(  # noqa: DJ001
+        _("on duplicate"),
+        max_length=7,
+        null=True,
+        blank=True,
+        choices=[("skip", _("skip")), ("replace", _("replace"))],
+    )
 
     class Meta:
         db_table = "pgmb_message"
@@ -792,7 +804,9 @@ class Message(models.Model):
                 condition=pgtrigger.Condition(
                     "NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL"
                     " OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL"
-                    " OR NEW.retry_delay IS NOT NULL OR "
+                    " OR NEW.retry_delay IS NOT NULL"
+                    # A unique key's rule and its live deliveries (pgmb.admit_unique).
+                    " OR NEW.unique_key IS NOT NULL OR NEW.on_duplicate IS NOT NULL OR "
                     # A NULL expires_at (no expiry) leaves the test NULL: not fired for it.
                     + _times_outside("created_at", "available_at", "expires_at")
                 ),
@@ -889,6 +903,11 @@ class Delivery(models.Model):
     #: When it was cancelled while leased (``pgmb.cancel``): the outcome of its request in
     #: flight is recorded as 'canceled' and deletes it, never retried nor dead-lettered.
     canceled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True, editable=False)
+    #: Its message's unique key, copied by the routing trigger: one live delivery per key
+    #: and queue (pgmb_delivery_unique_key). Requeues, replays and backfills make none.
+    unique_key = models.CharField(  # noqa: DJ001
+        _("unique key"), max_length=128, null=True, blank=True, editable=False
+    )
 
     class Meta:
         db_table = "pgmb_delivery"
@@ -901,7 +920,15 @@ class Delivery(models.Model):
             ("run_delivery", "Can make deliveries due now"),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["message", "queue"], name="pgmb_delivery_message_queue")
+            models.UniqueConstraint(
+                fields=["message", "queue"], name="pgmb_delivery_message_queue"
+            ),
+            # Partial: a delivery without a key has no entry, so costs no probe.
+            models.UniqueConstraint(
+                fields=["queue", "unique_key"],
+                name="pgmb_delivery_unique_key",
+                condition=models.Q(unique_key__isnull=False),
+            ),
         ]
         # Claims scan only ready rows; leased rows come back through pgmb.reclaim_expired().
         indexes = [
@@ -923,6 +950,14 @@ class Delivery(models.Model):
         # Waiting (pgmb/sql/schema/publish.sql): a group's or a message's settlement releases the
         # deliveries behind it. Rows without a group or dependents never fire these.
         triggers = [
+            # Unique while live (pgmb.admit_unique_delivery). Its name sorts before
+            # hold_delivery's, so a delivery it leaves out never waits or locks its group.
+            _trigger(
+                "admit_unique_key",
+                when=pgtrigger.Before,
+                operation=pgtrigger.Insert,
+                condition=pgtrigger.Condition("NEW.unique_key IS NOT NULL"),
+            ),
             _trigger(
                 "hold_delivery",
                 when=pgtrigger.Before,

@@ -17,6 +17,11 @@ SQL (tests/rules checks both sides against one table of cases):
 ``pgmb.expiry_problem()`` in SQL (tests/rules): a ``ttl`` (seconds from publication,
 positive, finite, ending before the year 10000) or an ``expires_at`` (an aware datetime
 within the years 1 to 9999 in UTC; a past one expires the message at once), not both.
+
+:func:`check_unique_key` holds the rule of a unique key, the same as
+``pgmb.unique_key_problem()`` in SQL (tests/rules): a key of 1 to 128 characters, no blanks or
+control characters; ``on_duplicate`` ``'skip'`` (the default) or ``'replace'``, the latter only
+with a key (docs/publishing.md, Unique while live).
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ MIN_PRIORITY = -32768
 MAX_PRIORITY = 32767
 MAX_GROUP_LENGTH = 128
 MAX_DEDUP_ID_LENGTH = 128
+MAX_UNIQUE_KEY_LENGTH = 128
+#: What a message with a unique key does where a delivery with its key is live: ``skip``
+#: (it is not delivered there) or ``replace`` (the pending one makes way for it).
+ON_DUPLICATE = ("skip", "replace")
 MAX_DEPENDENCIES = 100
 MAX_RETRIES = 1_000_000
 #: The longest retry delay: 30 days, as a queue's backoff (models.MAX_QUEUE_SECONDS).
@@ -178,3 +187,18 @@ def check_expiry(
             "a time must be from the year 1 to the year 9999 (UTC)"
         ) from None
     return None, expires_at
+
+
+def check_unique_key(unique_key: str | None, on_duplicate: str | None = "skip") -> str | None:
+    """Return ``on_duplicate`` as stored (None without a key: nothing to decide), or raise
+    :class:`InvalidOption` (docs/publishing.md, Unique while live)."""
+    if on_duplicate is not None and on_duplicate not in ON_DUPLICATE:
+        raise InvalidOption(
+            f"invalid on_duplicate {on_duplicate!r}: it must be 'skip' or 'replace'"
+        )
+    if unique_key is None:
+        if on_duplicate == "replace":
+            raise InvalidOption("on_duplicate 'replace' needs a unique key")
+        return None
+    _text(unique_key, "unique key", MAX_UNIQUE_KEY_LENGTH)
+    return on_duplicate or "skip"

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Union
 
-from django.db import IntegrityError, connections
+from django.db import IntegrityError, OperationalError, connections
 
 from . import conf, sql, tracing
 from .durations import check_seconds, check_time
 from .errors import DuplicateMessage, InvalidBody, InvalidDelay, UnknownDependency
 from .ids import uuid7
 from .message_limits import body_problem, headers_problem
-from .options import Options, check_expiry, check_options
+from .options import Options, check_expiry, check_options, check_unique_key
 from .routing import validate_routing_key
 
 #: Seconds, a ``timedelta``, or an aware ``datetime`` (not delivered before then).
@@ -48,6 +48,9 @@ class Outgoing:
     #: Its expiry (docs/delivery.md, Expiry): seconds from publication, or a time.
     ttl: float | timedelta | None = None
     expires_at: datetime | None = None
+    #: Unique while live (docs/publishing.md): its key, and ``'skip'`` or ``'replace'``.
+    unique_key: str | None = None
+    on_duplicate: str = "skip"
 
 
 _FIELDS = frozenset(Outgoing.__dataclass_fields__)
@@ -148,6 +151,8 @@ def send(
     retry_delay: float | timedelta | None = None,
     ttl: float | timedelta | None = None,
     expires_at: datetime | None = None,
+    unique_key: str | None = None,
+    on_duplicate: str = "skip",
     using: str | None = None,
 ) -> uuid.UUID:
     """Publish one message and return its id. One query, in the caller's transaction.
@@ -169,6 +174,13 @@ def send(
     (or read) by then is never posted: it is dead-lettered, its last error saying it
     expired, or dropped if its queue's ``on_expiry`` is ``drop``. A queue's
     ``message_ttl`` applies too; the earlier expiry holds.
+
+    Unique while live (docs/publishing.md): with a ``unique_key``, on each queue of the
+    routing key where a delivery with that key is live (not yet acknowledged,
+    dead-lettered, cancelled or expired), ``on_duplicate='skip'`` leaves the message out
+    and ``'replace'`` deletes the pending delivery for this message's (one in flight is
+    left to finish, this message's delivered after it). When every queue skipped, nothing
+    is stored and the live one's message id is returned (one more query).
 
     The body and headers follow :mod:`pgmb.message_limits` (depth, count, size, no reserved
     header names). With OpenTelemetry installed, the current trace context is added to the
@@ -192,20 +204,50 @@ def send(
         retry_delay=retry_delay,
     )
     ttl_seconds, expiry = check_expiry(ttl, expires_at)
+    mode = check_unique_key(unique_key, on_duplicate)
     traced = tracing.with_headers(headers, tracing.publish_headers())
     params = (mid, routing_key, _body(body), _headers(traced), at, seconds)
+    params = (*params, *_option_params(options), expiry, ttl_seconds)
     try:
         with connections[using or conf.get().DATABASE].cursor() as cursor:
-            cursor.execute(
-                sql.query("publish.sql", "send"),
-                (*params, *_option_params(options), expiry, ttl_seconds),
-            )
+            if unique_key is not None:
+                return _send_unique(cursor, params, unique_key, mode, dedup_id, routing_key)
+            cursor.execute(sql.query("publish.sql", "send"), params)
             if cursor.fetchone() is None:
                 cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id, routing_key))
                 return uuid.UUID(str(cursor.fetchone()[0]))
     except IntegrityError as exc:
         raise (_duplicate(exc) or exc) from exc
     return mid
+
+
+#: How often a send with a unique key is tried again when the live delivery that made it
+#: skip was settled before its id could be read (the key is free then).
+_UNIQUE_TRIES = 3
+
+
+def _send_unique(
+    cursor: Any,
+    params: tuple[Any, ...],
+    unique_key: str,
+    mode: str | None,
+    dedup_id: str | None,
+    routing_key: str,
+) -> uuid.UUID:
+    """``send`` with a unique key: the message's id, or the live one's when it skipped on
+    every queue (docs/decisions/0090-unique-while-live.md)."""
+    for _ in range(_UNIQUE_TRIES):
+        cursor.execute(sql.query("publish.sql", "send_unique"), (*params, unique_key, mode))
+        if cursor.fetchone() is not None:
+            return uuid.UUID(str(params[0]))
+        cursor.execute(sql.query("publish.sql", "unique_live"), (unique_key, routing_key))
+        live = cursor.fetchone()[0]
+        if live is None and dedup_id is not None:
+            cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id, routing_key))
+            live = cursor.fetchone()[0]
+        if live is not None:
+            return uuid.UUID(str(live))
+    raise OperationalError(f"unique key {unique_key!r}: its live delivery kept changing; try again")
 
 
 def unrouted(
@@ -248,6 +290,23 @@ def _outgoing(item: Outgoing | Mapping[str, Any] | tuple) -> Outgoing:
     raise InvalidBody(f"cannot publish {type(item).__name__}: use pgmb.Outgoing, a dict or a pair")
 
 
+def _stored_instead(
+    cursor: Any, unique_key: str | None, dedup_id: str | None, routing_key: str
+) -> uuid.UUID:
+    """The message a batch's message was not stored for: the live one of its unique key,
+    else the one it duplicates."""
+    live = None
+    if unique_key is not None:
+        cursor.execute(sql.query("publish.sql", "unique_live"), (unique_key, routing_key))
+        live = cursor.fetchone()[0]
+    if live is None and dedup_id is not None:
+        cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id, routing_key))
+        live = cursor.fetchone()[0]
+    if live is None:  # settled between the INSERT and the look-up
+        raise OperationalError(f"unique key {unique_key!r}: its live delivery was settled; retry")
+    return uuid.UUID(str(live))
+
+
 def send_batch(
     messages: Iterable[Outgoing | Mapping[str, Any] | tuple[str, Any]],
     *,
@@ -258,9 +317,12 @@ def send_batch(
     Items are :class:`Outgoing`, mappings with the same keys, or ``(routing_key, body)``
     pairs. Every item is validated before anything is written: one bad item publishes none.
     A message may depend on one earlier in the same batch. A duplicate (``dedup_id``) gets
-    the id of the message it duplicates, looked up in one more query per duplicate.
+    the id of the message it duplicates, and a message skipped on every queue for its
+    ``unique_key`` the live one's, looked up in one more query each. Within one batch, the
+    first message of a unique key on a queue is delivered there and the later ones skip it
+    (they are stored, without a delivery on that queue).
     """
-    columns: tuple[list, ...] = tuple([] for _ in range(14))
+    columns: tuple[list, ...] = tuple([] for _ in range(16))
     context = tracing.publish_headers()  # the batch's, once
     for item in messages:
         out = _outgoing(item)
@@ -277,6 +339,7 @@ def send_batch(
             retry_delay=out.retry_delay,
         )
         ttl_seconds, expiry = check_expiry(out.ttl, out.expires_at)
+        mode = check_unique_key(out.unique_key, out.on_duplicate)
         row = (
             mid,
             out.routing_key,
@@ -287,6 +350,8 @@ def send_batch(
             *_option_params(options),
             ttl_seconds,
             expiry,
+            out.unique_key,
+            mode,
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)
@@ -300,15 +365,18 @@ def send_batch(
             deps[i] = "{" + ",".join(str(d) for d in dep) + "}"
     try:
         with connections[using or conf.get().DATABASE].cursor() as cursor:
-            cursor.execute(sql.query("publish.sql", "send_batch"), columns)
-            if any(d is not None for d in columns[9]):
+            unique = any(k is not None for k in columns[14])
+            if unique:
+                cursor.execute(sql.query("publish.sql", "send_batch_unique"), columns)
+            else:
+                cursor.execute(sql.query("publish.sql", "send_batch"), columns[:14])
+            if unique or any(d is not None for d in columns[9]):
                 stored = {uuid.UUID(str(row[0])) for row in cursor.fetchall()}
                 for i, mid in enumerate(ids):
                     if mid not in stored:
-                        cursor.execute(
-                            sql.query("publish.sql", "deduplicated"), (columns[9][i], columns[1][i])
+                        ids[i] = _stored_instead(
+                            cursor, columns[14][i], columns[9][i], columns[1][i]
                         )
-                        ids[i] = uuid.UUID(str(cursor.fetchone()[0]))
     except IntegrityError as exc:
         raise (_duplicate(exc) or exc) from exc
     return ids

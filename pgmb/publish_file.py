@@ -111,6 +111,8 @@ def blame(batch: list[tuple[int, Outgoing]], using: str) -> None:
                     dedup_id=item.dedup_id,
                     max_retries=item.max_retries,
                     retry_delay=item.retry_delay,
+                    unique_key=item.unique_key,
+                    on_duplicate=item.on_duplicate,
                     using=using,
                 )
         except PgmbError as exc:

@@ -228,6 +228,8 @@ class MessageAdmin(MessageSearchMixin, ReadOnlyMixin, _TimeColumns, admin.ModelA
         "dedup_id",
         "max_retries",
         "retry_delay",
+        "unique_key",
+        "on_duplicate",
     )
     readonly_fields = fields
     inlines = (DeliveryInline, DeadLetterInline, AttemptInline)
@@ -392,6 +394,8 @@ class DeliveryAdmin(_MessagePage, _TimeColumns, _ByMessageAdmin):
         "status",
         "priority",
         "group_key",
+        # Unique while live (docs/publishing.md): the key it holds on its queue.
+        "unique_key",
         "attempts",
         "last_status",
         "last_error",

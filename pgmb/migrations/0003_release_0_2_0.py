@@ -36,7 +36,8 @@ class Migration(migrations.Migration):
             "pgmb_archive_run",
             # Fair shares per key: the key column, its indexes and trigger. Expiry: a
             # column of deliveries (queues and messages are above). Cancel and run now: the
-            # column that marks a delivery cancelled in flight.
+            # column that marks a delivery cancelled in flight. Unique while live: its key
+            # column, unique index and trigger.
             "pgmb_delivery",
         ),
         # Pull: history when asked (docs/decisions/0063-pull-queues-without-history.md).
@@ -147,11 +148,51 @@ class Migration(migrations.Migration):
                 verbose_name="on expiry",
             ),
         ),
+        # Unique while live (docs/decisions/0090-unique-while-live.md): nullable columns
+        # without a default (no row written; 0.1.1's statements, which do not name them, keep
+        # working and make deliveries without a key). Before the routing trigger below,
+        # which copies the message's key to its deliveries.
+        migrations.AddField(
+            model_name="delivery",
+            name="unique_key",
+            field=models.CharField(
+                blank=True, editable=False, max_length=128, null=True, verbose_name="unique key"
+            ),
+        ),
+        migrations.AddField(
+            model_name="message",
+            name="on_duplicate",
+            field=models.CharField(
+                blank=True,
+                choices=[("skip", "skip"), ("replace", "replace")],
+                max_length=7,
+                null=True,
+                verbose_name="on duplicate",
+            ),
+        ),
+        migrations.AddField(
+            model_name="message",
+            name="unique_key",
+            field=models.CharField(
+                blank=True, max_length=128, null=True, verbose_name="unique key"
+            ),
+        ),
+        # Partial: no entry (and no probe at insert) for a delivery without a key. The table
+        # holds only live deliveries, so the build under the lock is short.
+        migrations.AddConstraint(
+            model_name="delivery",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("unique_key__isnull", False)),
+                fields=("queue", "unique_key"),
+                name="pgmb_delivery_unique_key",
+            ),
+        ),
         # Publishing: the routing trigger checks pgtrigger.ignore() without a subtransaction
         # (pgmb/trigger_guard.py, docs/decisions/0073-publishing-write-path.md). Dropped and
         # created again in this transaction, pgmb_message locked first: no publish runs
         # between the two, and 0.1.1's publishers find the same trigger doing the same.
-        # Expiry: it copies the message's or the queue's expiry to each delivery.
+        # Expiry: it copies the message's or the queue's expiry to each delivery. Unique
+        # while live: and the message's unique key.
         pgtrigger.migrations.RemoveTrigger(
             model_name="message",
             name="route_messages",
@@ -161,8 +202,8 @@ class Migration(migrations.Migration):
             trigger=pgtrigger.compiler.Trigger(
                 name="route_messages",
                 sql=pgmb.trigger_guard.GuardedUpsertTriggerSql(
-                    func="-- The statement's routing keys, bodies and headers pass their rules first (routing.sql,\n-- pgmb.message_problem): here, not as a CHECK, whose\n-- expression PostgreSQL would prepare again for every INSERT; this statement is planned once\n-- per session.\nPERFORM pgmb.refuse_message(m.id, m.routing_key, m.body, m.headers) FROM new_messages AS m\nWHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.body, m.headers)) LIMIT 1;\n-- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for\n-- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications\n-- in a transaction are merged).\n-- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.\n-- A queue with a fairness header gets the header's value as the key (fairness.sql). Its\n-- expiry is the earlier of its message's and its queue's message_ttl after publication\n-- (least() skips NULLs: neither set, none).\nINSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,\n                           priority, group_key, depends_on, fair_key, expires_at)\nSELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,\n       m.depends_on, pgmb.delivery_fair_key(r.fairness_header, m.headers),\n       least(m.expires_at, m.created_at + r.message_ttl * interval '1 second')\n-- Each message's place in the statement: deliveries are inserted in publish order, which\n-- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return\n-- them in any order.\nFROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,\n             n.depends_on, n.dedup_id, n.headers, n.expires_at, row_number() OVER () AS place\n      FROM new_messages AS n) AS m\n-- The queues of each distinct key, decided once per key: a batch's messages mostly\n-- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which\n-- would compute the key's tags and test the queues once per message again.\nJOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern, q.fairness_header,\n             q.message_ttl\n      FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k\n      -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step\n      -- of its own, where inlined into the join condition a scan of a few queues would\n      -- compute them once per queue.\n      CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t\n      -- Only a queue whose binding's tags are all tags of the key can match, so few queues\n      -- reach the regex (PostgreSQL caches only 32 compiled regexes per backend; past that\n      -- every match compiles its pattern again). With many queues the first test is a\n      -- lookup in the GIN index pgmb_queue_binding_tags. With a few, scanned, the CASE\n      -- makes the cheap test run first: the regex alone needs only k and q, and the planner\n      -- would otherwise run it on every pair before joining t.\n      JOIN pgmb_queue AS q\n        ON q.binding_tags <@ t.tags\n       AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END\n      OFFSET 0) AS r ON r.routing_key = m.routing_key\n-- Not to a queue for which the message is a duplicate (pgmb.admit_message dropped those\n-- that duplicate for every queue): one published before it, not later in this statement.\nWHERE m.dedup_id IS NULL OR r.dedup_window = 0 OR NOT EXISTS (\n    SELECT FROM pgmb.duplicated(r.dedup_window, r.pattern, m.id, m.dedup_id, m.created_at) AS x(id)\n    WHERE NOT EXISTS (SELECT FROM (SELECT l.id, row_number() OVER () AS place FROM new_messages AS l) AS later\n                      WHERE later.id = x.id AND later.place > m.place))\nORDER BY m.place;\nIF FOUND THEN\n    PERFORM pgmb.wake_dispatchers();\nEND IF;\nRETURN NULL;",
-                    hash="cfdf73e38c09080bcaba766056d7f1ed6ec8fa29",
+                    func="-- The statement's routing keys, bodies and headers pass their rules first (routing.sql,\n-- pgmb.message_problem): here, not as a CHECK, whose\n-- expression PostgreSQL would prepare again for every INSERT; this statement is planned once\n-- per session.\nPERFORM pgmb.refuse_message(m.id, m.routing_key, m.body, m.headers) FROM new_messages AS m\nWHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.body, m.headers)) LIMIT 1;\n-- One INSERT routes the whole statement's messages; a NOTIFY, if some dispatcher waits for\n-- one (pgmb.wake_dispatchers), wakes dispatchers once at commit (identical notifications\n-- in a transaction are merged).\n-- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.\n-- A queue with a fairness header gets the header's value as the key (fairness.sql). Its\n-- expiry is the earlier of its message's and its queue's message_ttl after publication\n-- (least() skips NULLs: neither set, none). A delivery with a unique key is left out where\n-- one with its key is live (pgmb.admit_unique_delivery).\nINSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,\n                           priority, group_key, depends_on, fair_key, expires_at, unique_key)\nSELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,\n       m.depends_on, pgmb.delivery_fair_key(r.fairness_header, m.headers),\n       least(m.expires_at, m.created_at + r.message_ttl * interval '1 second'), m.unique_key\n-- Each message's place in the statement: deliveries are inserted in publish order, which\n-- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return\n-- them in any order.\nFROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,\n             n.depends_on, n.dedup_id, n.headers, n.expires_at, n.unique_key,\n             row_number() OVER () AS place\n      FROM new_messages AS n) AS m\n-- The queues of each distinct key, decided once per key: a batch's messages mostly\n-- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which\n-- would compute the key's tags and test the queues once per message again.\nJOIN (SELECT k.routing_key, q.id AS queue_id, q.dedup_window, q.pattern, q.fairness_header,\n             q.message_ttl\n      FROM (SELECT DISTINCT n.routing_key FROM new_messages AS n) AS k\n      -- The key's tags (pgmb.key_tags): OFFSET 0 keeps the subquery a step\n      -- of its own, where inlined into the join condition a scan of a few queues would\n      -- compute them once per queue.\n      CROSS JOIN LATERAL (SELECT pgmb.key_tags(k.routing_key) AS tags OFFSET 0) AS t\n      -- Only a queue whose binding's tags are all tags of the key can match, so few queues\n      -- reach the regex (PostgreSQL caches only 32 compiled regexes per backend; past that\n      -- every match compiles its pattern again). With many queues the first test is a\n      -- lookup in the GIN index pgmb_queue_binding_tags. With a few, scanned, the CASE\n      -- makes the cheap test run first: the regex alone needs only k and q, and the planner\n      -- would otherwise run it on every pair before joining t.\n      JOIN pgmb_queue AS q\n        ON q.binding_tags <@ t.tags\n       AND CASE WHEN q.binding_tags <@ t.tags THEN ('.' || k.routing_key) ~ q.pattern END\n      OFFSET 0) AS r ON r.routing_key = m.routing_key\n-- Not to a queue for which the message is a duplicate (pgmb.admit_message dropped those\n-- that duplicate for every queue): one published before it, not later in this statement.\nWHERE m.dedup_id IS NULL OR r.dedup_window = 0 OR NOT EXISTS (\n    SELECT FROM pgmb.duplicated(r.dedup_window, r.pattern, m.id, m.dedup_id, m.created_at) AS x(id)\n    WHERE NOT EXISTS (SELECT FROM (SELECT l.id, row_number() OVER () AS place FROM new_messages AS l) AS later\n                      WHERE later.id = x.id AND later.place > m.place))\nORDER BY m.place;\nIF FOUND THEN\n    PERFORM pgmb.wake_dispatchers();\nEND IF;\nRETURN NULL;",
+                    hash="360d24a1c528c4b9139e9e84415666ddaf3db102",
                     level="STATEMENT",
                     operation="INSERT",
                     pgid="pgtrigger_route_messages_110b5",
@@ -173,7 +214,8 @@ class Migration(migrations.Migration):
             ),
         ),
         # Expiry: a message's expires_at is held to the time rule (pgmb.refuse_expiry) on
-        # INSERT and UPDATE; a NULL one leaves both WHENs as they were.
+        # INSERT and UPDATE; a NULL one leaves both WHENs as they were. Unique while live:
+        # admit_message also fires for a message with a unique key or an on_duplicate.
         pgtrigger.migrations.RemoveTrigger(
             model_name="message",
             name="admit_message",
@@ -187,9 +229,9 @@ class Migration(migrations.Migration):
             trigger=pgtrigger.compiler.Trigger(
                 name="admit_message",
                 sql=pgtrigger.compiler.UpsertTriggerSql(
-                    condition="WHEN (NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL OR NEW.retry_delay IS NOT NULL OR NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.expires_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.expires_at < '10000-01-01 00:00:00+00'::timestamptz))",
-                    func="-- Only messages with an option other than priority, or with a time pgmb.valid_time\n-- rejects, get here (the trigger's WHEN).\nRETURN pgmb.admit_message(NEW);",
-                    hash="36f0475c187c5665397f1890544ff4dd0ae5caa1",
+                    condition="WHEN (NEW.group_key IS NOT NULL OR NEW.depends_on IS NOT NULL OR NEW.dedup_id IS NOT NULL OR NEW.max_retries IS NOT NULL OR NEW.retry_delay IS NOT NULL OR NEW.unique_key IS NOT NULL OR NEW.on_duplicate IS NOT NULL OR NOT (NEW.created_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.created_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.available_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.available_at < '10000-01-01 00:00:00+00'::timestamptz AND NEW.expires_at >= '0001-01-01 00:00:00+00'::timestamptz AND NEW.expires_at < '10000-01-01 00:00:00+00'::timestamptz))",
+                    func="-- Only messages with an option other than priority, a unique key, or a time\n-- pgmb.valid_time rejects, get here (the trigger's WHEN).\nRETURN pgmb.admit_message(NEW);",
+                    hash="8adb8006f4c4d8f639abfd9a4cbf8ca332ff8b27",
                     operation="INSERT",
                     pgid="pgtrigger_admit_message_8d54e",
                     table="pgmb_message",
@@ -371,6 +413,24 @@ class Migration(migrations.Migration):
             },
         ),
         RunMigrationSQL("0003_release_0_2_0"),
+        # Unique while live: the delivery's trigger, after the SQL that defines its function,
+        # so that migrating back drops it before the .down.sql drops the function
+        # django-pgtrigger leaves behind.
+        pgtrigger.migrations.AddTrigger(
+            model_name="delivery",
+            trigger=pgtrigger.compiler.Trigger(
+                name="admit_unique_key",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition="WHEN (NEW.unique_key IS NOT NULL)",
+                    func="-- Only deliveries with a unique key get here (the trigger's WHEN).\nRETURN pgmb.admit_unique_delivery(NEW);",
+                    hash="cba0b97baaff9889890a9347ef148ee977ef4ac1",
+                    operation="INSERT",
+                    pgid="pgtrigger_admit_unique_key_8e3e9",
+                    table="pgmb_delivery",
+                    when="BEFORE",
+                ),
+            ),
+        ),
         RunPlpythonSQL("0003_release_0_2_0_plpython", previous="0002_release_0_1_1_plpython"),
         # A claim's refill of the token bucket runs no worker rules
         # (docs/decisions/0078-a-claim-plans-once-and-pays-no-worker-rules.md): the BEFORE

@@ -93,3 +93,34 @@ def test_bad_expiry_is_refused_and_stores_nothing(db):
     fails("k", "1", expires_at="5m", match="--expires-at must be a time")
     fails("k", "1", ttl="5", expires_at="2030-01-01T00:00:00Z", match="not both")
     assert Message.objects.count() == 0
+
+
+def test_unique_keys_from_the_command_and_from_envelopes(make_queue, tmp_path):
+    make_queue("#")
+    first = run("order.created", "1", unique_key="order-7")
+    # Skipped: it prints the live one's id.
+    assert run("order.created", "2", unique_key="order-7") == first
+    replaced = run("order.created", "3", unique_key="order-7", on_duplicate="replace")
+    assert replaced != first
+    assert list(Delivery.objects.values_list("message_id", "unique_key")) == [
+        (uuid.UUID(replaced.strip()), "order-7")
+    ]
+    envelopes = write_lines(
+        tmp_path / "e.jsonl",
+        [
+            json.dumps({"routing_key": "k", "body": 1, "unique_key": "u"}),
+            json.dumps({"routing_key": "k", "body": 2, "unique_key": "v"}),
+        ],
+    )
+    assert run(file=str(envelopes), on_duplicate="replace") == "sent 2 messages\n"
+    assert set(Message.objects.filter(unique_key__in=["u", "v"]).values_list("on_duplicate")) == {
+        ("replace",)
+    }
+
+
+def test_bad_unique_keys_are_refused_and_store_nothing(db):
+    fails("k", "1", unique_key="a b", match="invalid unique key")
+    fails("k", "1", unique_key="x" * 129, match="invalid unique key")
+    fails("k", "1", on_duplicate="replace", match="needs a unique key")
+    fails("k", file="-", unique_key="u", match="--unique-key cannot be used with --file")
+    assert Message.objects.count() == 0

@@ -40,6 +40,10 @@ CALLS: dict[str, str] = {
         "SELECT pgmb.send(gen_random_uuid(), 'job.run', '{}'::jsonb, '{}'::jsonb, now(),"
         " ttl => 60, group_key => 'g')"
     ),
+    "pgmb.send_unique(uuid,text,jsonb,text,text,jsonb,timestamp with time zone,"
+    "double precision,timestamp with time zone,integer,text,integer,double precision)": (
+        "SELECT pgmb.send_unique(gen_random_uuid(), 'job.run', '{}'::jsonb, 'key-1')"
+    ),
     "pgmb.read(text,double precision,integer,jsonb)": (
         "SELECT * FROM pgmb.read(%(q)s, 30, 1, '{\"body\": {}}')"
     ),

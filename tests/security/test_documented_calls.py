@@ -139,6 +139,9 @@ _BY_FUNCTION = {
     ("archive_lock_key", "kind"): "'job'",
     # A time to live, or an expiry time: not both.
     ("send", "expires_at"): "NULL",
+    ("send_unique", "expires_at"): "NULL",
+    ("send_unique", "unique_key"): "'u-' || gen_random_uuid()",
+    ("send_unique", "on_duplicate"): "'replace'",
     ("dispatcher_start", "kind"): "'external'",
     ("worker", "name"): "'w' || md5(random()::text)",
     ("create", "name"): "'q' || left(md5(random()::text), 20)",
@@ -345,7 +348,7 @@ def _session(owner, login_role, world, role: str) -> psycopg.Connection:
 
 def test_the_page_documents_calls_for_every_role():
     assert len(CALLS) > 40
-    assert ROLES["pgmb_producer"] == {"send"} and ROLES["pgmb_admin"] is None
+    assert ROLES["pgmb_producer"] == {"send", "send_unique"} and ROLES["pgmb_admin"] is None
     assert sum(call.name == "send" for call in CALLS) == 6
     assert {"read", "set_vt", "pull_next_visible"} <= (ROLES["pgmb_consumer"] or set())
     # set_vt's "delivery_ids bigint[] or delivery_id bigint"; archive's row names two calls.

@@ -26,6 +26,10 @@ REVIEWED_PUBLIC: dict[str, str] = {
     "timestamp with time zone,integer,text,uuid[],text,integer,double precision)": (
         "the producer API: checks pgmb_producer"
     ),
+    "pgmb.send_unique(uuid,text,jsonb,text,text,jsonb,timestamp with time zone,"
+    "double precision,timestamp with time zone,integer,text,integer,double precision)": (
+        "the producer API: checks pgmb_producer"
+    ),
     "pgmb.read(text,double precision,integer,jsonb)": "pull API: checks the queue grant",
     "pgmb.read_with_poll(text,double precision,integer,double precision,integer,jsonb)": (
         "pull API: checks the queue grant"

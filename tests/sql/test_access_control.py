@@ -229,6 +229,8 @@ def test_entry_points_act_for_their_caller_with_a_fixed_search_path(owner):
         "double precision)",
         "pgmb.send(uuid,text,jsonb,jsonb,timestamp with time zone,"
         "integer,text,uuid[],text,integer,double precision)",
+        "pgmb.send_unique(uuid,text,jsonb,text,text,jsonb,timestamp with time zone,"
+        "double precision,timestamp with time zone,integer,text,integer,double precision)",
         "pgmb.set_vt(text,bigint,double precision)",
         "pgmb.set_vt(text,bigint[],double precision)",
     ]

@@ -7,8 +7,8 @@ One message::
 Many, each line a body sent with the same routing key, or (without a routing key) each line
 an envelope ``{"routing_key": ..., "body": ..., "headers"?: ..., "delay"?: ..., "id"?: ...}``
 (and the message options ``priority``, ``group``, ``depends_on``, ``dedup_id``,
-``max_retries``, ``retry_delay``, docs/ordering.md, and ``ttl`` or ``expires_at``,
-docs/delivery.md)::
+``max_retries``, ``retry_delay``, docs/ordering.md, ``ttl`` or ``expires_at``,
+docs/delivery.md, and ``unique_key`` and ``on_duplicate``, docs/publishing.md)::
 
     manage.py pgmb_send order.created --file bodies.jsonl
     manage.py pgmb_send --file envelopes.jsonl
@@ -114,6 +114,17 @@ class Command(BaseCommand):
             "--expires-at",
             metavar="TIME",
             help="A time (2030-01-01T12:00:00Z) after which the message is not delivered.",
+        )
+        options.add_argument(
+            "--unique-key",
+            metavar="KEY",
+            help="Skipped (or, with --on-duplicate replace, replacing the pending one) on each "
+            "queue where a delivery with this key is live (docs/publishing.md).",
+        )
+        options.add_argument(
+            "--on-duplicate",
+            choices=("skip", "replace"),
+            help="What a message with a live unique key does: skip (the default) or replace.",
         )
         parser.add_argument(
             "--file",

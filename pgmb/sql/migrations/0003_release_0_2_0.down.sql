@@ -1484,3 +1484,14 @@ DROP FUNCTION IF EXISTS pgmb.cron_refuse(text, text);
 -- 0.1.1 had neither; pgmb.loop_record is 0.2.0's (dropped with the loop's named steps).
 DROP TABLE IF EXISTS pgmb.trace_export;
 ALTER TABLE pgmb_attempt DROP COLUMN IF EXISTS indb;
+-- ==== Unique while live ====
+-- 0.1.1's pgmb.admit_message is put back by the section "Expiry" above. The new functions
+-- are dropped before the Django operations drop the columns, the index and the trigger.
+DROP FUNCTION IF EXISTS pgmb.send_unique(uuid, text, jsonb, text, text, jsonb, timestamptz, float8, timestamptz, integer, text, integer, float8);
+DROP FUNCTION IF EXISTS pgmb.unique_live(text, text);
+DROP FUNCTION IF EXISTS pgmb.admit_unique_delivery(pgmb_delivery);
+DROP FUNCTION IF EXISTS pgmb.admit_unique(pgmb_message);
+DROP FUNCTION IF EXISTS pgmb.unique_key_problem(text, text);
+-- The admit_unique_key trigger's function, which django-pgtrigger leaves behind (the trigger
+-- itself is dropped by Django before this file runs).
+DROP FUNCTION IF EXISTS pgtrigger_admit_unique_key_8e3e9();

@@ -2485,7 +2485,8 @@ END $$;
 -- for a message that duplicates one for every queue its routing key matches
 -- (pgmb.duplicated; the candidate queues found by their tags). A message that
 -- duplicates for some of its queues only is stored, and the routing trigger leaves those
--- queues out. Rows published earlier in the same statement are visible here.
+-- queues out. Rows published earlier in the same statement are visible here. Last, a
+-- message with a unique key or an on_duplicate gets pgmb.admit_unique's decision.
 CREATE OR REPLACE FUNCTION pgmb.admit_message(m pgmb_message) RETURNS pgmb_message
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2534,6 +2535,9 @@ BEGIN
                                                                          m.dedup_id, created, m.producer))) THEN
             RETURN NULL;
         END IF;
+    END IF;
+    IF m.unique_key IS NOT NULL OR m.on_duplicate IS NOT NULL THEN
+        RETURN pgmb.admit_unique(m);
     END IF;
     RETURN m;
 END $$;
@@ -3865,3 +3869,214 @@ CREATE TABLE IF NOT EXISTS pgmb.trace_export (
     attempt_id bigint NOT NULL
 );
 
+-- ==== Unique while live ====
+-- Unique while live (docs/decisions/0090-unique-while-live.md): the columns, the partial
+-- unique index pgmb_delivery_unique_key and the admit_unique_key trigger are made by the
+-- Django operations before this; the routing trigger (which copies the key) and
+-- admit_message's WHEN there too. Here the rule, the functions that admit_message's last
+-- step calls (admit_message itself is under "Expiry", as this release leaves it), and
+-- pgmb.send_unique. 0.1.1's statements name none of the new columns:
+-- their messages have no key and are routed as before.
+
+-- Why a message's unique key or its on_duplicate is refused, or NULL: the rule of
+-- pgmb.options.check_unique_key in Python (tests/rules, one table of cases for both). A key
+-- of 1 to 128 characters, no blanks or control characters (pgmb.valid_key); on_duplicate
+-- 'skip' (NULL is 'skip') or 'replace', the latter only with a key
+-- (docs/decisions/0090-unique-while-live.md).
+CREATE OR REPLACE FUNCTION pgmb.unique_key_problem(unique_key text, on_duplicate text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN on_duplicate IS NOT NULL AND on_duplicate NOT IN ('skip', 'replace')
+            THEN format('invalid on_duplicate %s: it must be ''skip'' or ''replace''', quote_literal(on_duplicate))
+        WHEN unique_key IS NULL AND on_duplicate = 'replace'
+            THEN 'on_duplicate ''replace'' needs a unique key'
+        WHEN unique_key IS NOT NULL AND (length(unique_key) > 128 OR NOT pgmb.valid_key(unique_key))
+            THEN format('invalid unique key %s: 1 to 128 characters, no blanks or control characters',
+                        quote_literal(unique_key))
+    END
+$$;
+
+-- The unique key's part of pgmb.admit_message (docs/decisions/0090-unique-while-live.md): its
+-- rule (as the check pgmb_message_unique_key_valid), then, the key's lock held to the end of
+-- the transaction (publishers of one key take turns; pgmb.admit_unique_delivery takes it
+-- too), on each queue the message's routing key matches that has a live delivery with the
+-- key: with 'replace', a pending one (ready, delayed, retrying, waiting) is deleted, to be
+-- replaced by this message's, and one in flight (leased; on a pull queue, read and not
+-- visible again yet) gives its key up, to be followed by this message's; with 'skip', when every such queue has one, NULL: the message is not
+-- stored (pgmb.unique_live finds the live one). Where some queues have one and others not,
+-- the message is stored and pgmb.admit_unique_delivery leaves those queues out.
+CREATE OR REPLACE FUNCTION pgmb.admit_unique(m pgmb_message) RETURNS pgmb_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text := pgmb.unique_key_problem(m.unique_key, m.on_duplicate);
+    live record;
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'message % refused by pgmb_message_unique_key_valid: %', m.id, problem
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'pgmb_message_unique_key_valid';
+    END IF;
+    IF m.unique_key IS NULL THEN
+        RETURN m;  -- 'skip' without a key: nothing to decide
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgmb unique ' || m.unique_key, 0));
+    IF m.on_duplicate = 'replace' THEN
+        FOR live IN
+            SELECT d.id, d.state, d.attempts, d.available_at, q.worker_id FROM pgmb_queue q
+            JOIN pgmb_delivery d ON d.queue_id = q.id AND d.unique_key = m.unique_key
+            WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
+            ORDER BY d.id
+            FOR UPDATE OF d
+        LOOP
+            -- In flight: leased, or a pull queue's message read and not visible again yet
+            -- (what pgmb.expire leaves alone too).
+            IF live.state = 'leased'
+               OR (live.worker_id IS NULL AND live.attempts > 0 AND live.available_at > clock_timestamp()) THEN
+                -- Its request is under way: it ends as it would have, this message after it.
+                UPDATE pgmb_delivery d SET unique_key = NULL WHERE d.id = live.id;
+            ELSE
+                DELETE FROM pgmb_delivery d WHERE d.id = live.id;
+            END IF;
+        END LOOP;
+        RETURN m;
+    END IF;
+    IF EXISTS (SELECT FROM pgmb_queue q
+               WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern)
+       AND NOT EXISTS (SELECT FROM pgmb_queue q
+                       WHERE q.binding_tags <@ pgmb.key_tags(m.routing_key) AND ('.' || m.routing_key) ~ q.pattern
+                         AND NOT EXISTS (SELECT FROM pgmb_delivery d
+                                         WHERE d.queue_id = q.id AND d.unique_key = m.unique_key)) THEN
+        RETURN NULL;
+    END IF;
+    RETURN m;
+END $$;
+
+-- Before each delivery with a unique key is stored (the admit_unique_key trigger's WHEN):
+-- NULL, so not stored, when its queue has a live delivery with the key: one that
+-- pgmb.admit_unique left there (skip), or one made earlier in the same statement. Under the
+-- key's lock, so that two publishers never both find the queue free; the partial unique
+-- index pgmb_delivery_unique_key is the rule's backstop.
+CREATE OR REPLACE FUNCTION pgmb.admit_unique_delivery(d pgmb_delivery) RETURNS pgmb_delivery
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgmb unique ' || d.unique_key, 0));
+    IF EXISTS (SELECT FROM pgmb_delivery x WHERE x.queue_id = d.queue_id AND x.unique_key = d.unique_key) THEN
+        RETURN NULL;
+    END IF;
+    RETURN d;
+END $$;
+
+-- The message whose delivery holds this unique key on a queue of this routing key: what a
+-- message that skipped (pgmb.admit_unique stored nothing) is told. The first such queue by
+-- name decides; NULL when none holds it (any more).
+CREATE OR REPLACE FUNCTION pgmb.unique_live(unique_key text, routing_key text) RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT d.message_id FROM pgmb_queue q
+    JOIN pgmb_delivery d ON d.queue_id = q.id AND d.unique_key = unique_live.unique_key
+    WHERE q.binding_tags <@ pgmb.key_tags(unique_live.routing_key)
+      AND ('.' || unique_live.routing_key) ~ q.pattern
+    ORDER BY q.name LIMIT 1
+$$;
+
+-- pgmb.send with a unique key (docs/publishing.md, Unique while live): while a delivery with
+-- the key is live on a queue of the routing key, the message is skipped there
+-- (on_duplicate 'skip', the default) or replaces the pending one (on_duplicate 'replace';
+-- one in flight is followed instead). Returns the new message's id; when every queue
+-- skipped, nothing is stored and the id of the live one's message is returned (to a caller
+-- that may not read messages, the id it sent: docs/decisions/0039-refusals-tell-nothing.md).
+-- A function of its own, not an overload of pgmb.send: another optional argument there
+-- would make the released forms' calls ambiguous (docs/decisions/0090-unique-while-live.md).
+CREATE OR REPLACE FUNCTION pgmb.send_unique(
+    id uuid, routing_key text, body jsonb, unique_key text, on_duplicate text DEFAULT 'skip',
+    headers jsonb DEFAULT NULL, delay timestamptz DEFAULT NULL, ttl float8 DEFAULT NULL,
+    expires_at timestamptz DEFAULT NULL, priority integer DEFAULT 0, group_key text DEFAULT NULL,
+    max_retries integer DEFAULT NULL, retry_delay float8 DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
+DECLARE
+    stored uuid;
+    live uuid;
+    problem text := coalesce(pgmb.unique_key_problem(send_unique.unique_key, send_unique.on_duplicate),
+                             pgmb.expiry_problem(send_unique.ttl, send_unique.expires_at));
+BEGIN
+    IF NOT pgmb.may_publish() THEN
+        PERFORM pgmb.require('publish');
+    END IF;
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'a message id is required' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Pass gen_random_uuid() for a new id.';
+    END IF;
+    IF send_unique.unique_key IS NULL THEN
+        RAISE EXCEPTION 'a unique key is required' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'Without one, call pgmb.send.';
+    END IF;
+    PERFORM pgmb.check_routing_key(routing_key);
+    IF body IS NULL THEN
+        RAISE EXCEPTION 'a message body is required (JSON null is ''null''::jsonb)'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'message headers must be a JSON object, not %', jsonb_typeof(headers)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pgmb.check_time(delay);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pgmb.check_message_options(send_unique.id, send_unique.priority, send_unique.group_key,
+                                       NULL, NULL, send_unique.max_retries, send_unique.retry_delay);
+    -- A live delivery settled between the INSERT that skipped and the look-up frees its key:
+    -- then the INSERT is tried again (acks do not take the key's lock).
+    FOR attempt IN 1..3 LOOP
+        INSERT INTO pgmb_message (id, routing_key, body, headers, created_at, available_at, priority,
+                                  group_key, max_retries, retry_delay, expires_at, unique_key,
+                                  on_duplicate)
+        VALUES (send_unique.id, send_unique.routing_key, send_unique.body,
+                coalesce(send_unique.headers, '{}'), now(),
+                greatest(coalesce(send_unique.delay, now()), now()), send_unique.priority,
+                send_unique.group_key, send_unique.max_retries, send_unique.retry_delay,
+                coalesce(send_unique.expires_at, now() + send_unique.ttl * interval '1 second'),
+                send_unique.unique_key, send_unique.on_duplicate)
+        ON CONFLICT ON CONSTRAINT pgmb_message_pkey DO NOTHING
+        RETURNING pgmb_message.id INTO stored;
+        IF stored IS NOT NULL THEN
+            RETURN stored;
+        END IF;
+        IF NOT pgmb.caller_sees_messages() THEN
+            RETURN send_unique.id;
+        END IF;
+        IF EXISTS (SELECT 1 FROM pgmb_message m WHERE m.id = send_unique.id) THEN
+            RAISE EXCEPTION 'message % already exists', send_unique.id
+                USING ERRCODE = 'unique_violation',
+                      HINT = 'Message ids are unique; pass gen_random_uuid() for a new message.';
+        END IF;
+        live := pgmb.unique_live(send_unique.unique_key, send_unique.routing_key);
+        IF live IS NOT NULL THEN
+            RETURN live;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'unique key %: its live delivery kept changing; try again', quote_literal(unique_key)
+        USING ERRCODE = 'lock_not_available';
+END $$;
+
+SELECT pgmb.pin_definers(ARRAY[
+    'pgmb.send_unique(uuid, text, jsonb, text, text, jsonb, timestamptz, float8, timestamptz, integer, text, integer, float8)'
+]);
+-- The producer API, open as the pgmb.send forms (it checks pgmb_producer, access.sql), its
+-- grants in the order a new install gives them (PUBLIC's, then pgmb_admin's).
+DO $$
+DECLARE
+    f constant text := 'pgmb.send_unique(uuid, text, jsonb, text, text, jsonb, timestamptz, float8, timestamptz, integer, text, integer, float8)';
+BEGIN
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_admin') THEN
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM pgmb_admin', f);
+    END IF;
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f);
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgmb_admin') THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgmb_admin', f);
+    END IF;
+END $$;
+-- The rule and the triggers' functions, closed as every function of pgmb's but the
+-- reviewed list.
+REVOKE EXECUTE ON FUNCTION pgmb.unique_key_problem(text, text), pgmb.admit_unique(pgmb_message),
+    pgmb.admit_unique_delivery(pgmb_delivery), pgmb.unique_live(text, text) FROM PUBLIC;

@@ -38,17 +38,19 @@ WHERE NOT (pgmb.valid_routing_key(m.routing_key) AND pgmb.acceptable_message(m.b
 -- A delivery with a group or dependencies may be made 'waiting' by pgmb.hold_delivery.
 -- A queue with a fairness header gets the header's value as the key (fairness.sql). Its
 -- expiry is the earlier of its message's and its queue's message_ttl after publication
--- (least() skips NULLs: neither set, none).
+-- (least() skips NULLs: neither set, none). A delivery with a unique key is left out where
+-- one with its key is live (pgmb.admit_unique_delivery).
 INSERT INTO pgmb_delivery (message_id, queue_id, state, attempts, available_at, created_at,
-                           priority, group_key, depends_on, fair_key, expires_at)
+                           priority, group_key, depends_on, fair_key, expires_at, unique_key)
 SELECT m.id, r.queue_id, 'ready', 0, m.available_at, m.created_at, m.priority, m.group_key,
        m.depends_on, pgmb.delivery_fair_key(r.fairness_header, m.headers),
-       least(m.expires_at, m.created_at + r.message_ttl * interval '1 second')
+       least(m.expires_at, m.created_at + r.message_ttl * interval '1 second'), m.unique_key
 -- Each message's place in the statement: deliveries are inserted in publish order, which
 -- their ids keep and ordered groups follow (pgmb.hold_delivery); the join below may return
 -- them in any order.
 FROM (SELECT n.id, n.routing_key, n.available_at, n.created_at, n.priority, n.group_key,
-             n.depends_on, n.dedup_id, n.headers, n.expires_at, row_number() OVER () AS place
+             n.depends_on, n.dedup_id, n.headers, n.expires_at, n.unique_key,
+             row_number() OVER () AS place
       FROM new_messages AS n) AS m
 -- The queues of each distinct key, decided once per key: a batch's messages mostly
 -- share a few keys. OFFSET 0 keeps the planner from joining the messages in first, which
@@ -89,13 +91,17 @@ PERFORM pgmb.refuse_routing_key(NEW.routing_key);
 RETURN NEW;
 
 -- name: admit_message
--- Only messages with an option other than priority, or with a time pgmb.valid_time
--- rejects, get here (the trigger's WHEN).
+-- Only messages with an option other than priority, a unique key, or a time
+-- pgmb.valid_time rejects, get here (the trigger's WHEN).
 RETURN pgmb.admit_message(NEW);
 
 -- name: hold_delivery
 -- Only deliveries with a group or dependencies get here (the trigger's WHEN).
 RETURN pgmb.hold_delivery(NEW);
+
+-- name: admit_unique_key
+-- Only deliveries with a unique key get here (the trigger's WHEN).
+RETURN pgmb.admit_unique_delivery(NEW);
 
 -- name: release_after_delivery
 -- Only deliveries with a group, or that other messages depend on, get here.

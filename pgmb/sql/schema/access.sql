@@ -336,6 +336,7 @@ GRANT EXECUTE ON FUNCTION
     pgmb.send(uuid, text, jsonb, jsonb, integer),
     pgmb.send(uuid, text, jsonb, jsonb, timestamptz, integer, text, uuid[], text, integer, float8),
     pgmb.send(uuid, text, jsonb, jsonb, timestamptz, float8, timestamptz, integer, text, uuid[], text, integer, float8),
+    pgmb.send_unique(uuid, text, jsonb, text, text, jsonb, timestamptz, float8, timestamptz, integer, text, integer, float8),
     -- pull queues (pgmb_consumer): each checks the queue grant
     pgmb.read(text, double precision, integer, jsonb),
     pgmb.read_with_poll(text, double precision, integer, double precision, integer, jsonb),

@@ -54,7 +54,8 @@ CREATE TABLE {BASELINE_TABLE} (
     depends_on uuid[],
     dedup_id varchar(128),
     max_retries integer,
-    retry_delay float8
+    retry_delay float8,
+    expires_at timestamptz
 )
 """
 
@@ -109,9 +110,9 @@ def _insert(n: int) -> int:
     from django.db import connection
 
     # The parameters pgmb.send passes: id, key, body, headers, no absolute time, no delay,
-    # no message options.
+    # no message options, no expiry.
     params = (uuid.uuid4(), ROUTING_KEYS[n % 3], json.dumps(order_event(n)), "{}", None, None)
-    params += (0, None, None, None, None, None)
+    params += (0, None, None, None, None, None, None, None)
     with connection.cursor() as cursor:
         cursor.execute(_baseline_sql("send"), params)
     return 1
@@ -128,7 +129,7 @@ def _insert_batch(n: int) -> int:
         [None] * BATCH,
         [None] * BATCH,
         [0] * BATCH,
-        *([None] * BATCH for _ in range(5)),
+        *([None] * BATCH for _ in range(7)),
     )
     with connection.cursor() as cursor:
         cursor.execute(_baseline_sql("send_batch"), columns)

@@ -240,13 +240,9 @@ def _send_unique(
         cursor.execute(sql.query("publish.sql", "send_unique"), (*params, unique_key, mode))
         if cursor.fetchone() is not None:
             return uuid.UUID(str(params[0]))
-        cursor.execute(sql.query("publish.sql", "unique_live"), (unique_key, routing_key))
-        live = cursor.fetchone()[0]
-        if live is None and dedup_id is not None:
-            cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id, routing_key))
-            live = cursor.fetchone()[0]
+        live = _live_or_duplicated(cursor, unique_key, dedup_id, routing_key)
         if live is not None:
-            return uuid.UUID(str(live))
+            return live
     raise OperationalError(f"unique key {unique_key!r}: its live delivery kept changing; try again")
 
 
@@ -290,11 +286,11 @@ def _outgoing(item: Outgoing | Mapping[str, Any] | tuple) -> Outgoing:
     raise InvalidBody(f"cannot publish {type(item).__name__}: use pgmb.Outgoing, a dict or a pair")
 
 
-def _stored_instead(
+def _live_or_duplicated(
     cursor: Any, unique_key: str | None, dedup_id: str | None, routing_key: str
-) -> uuid.UUID:
-    """The message a batch's message was not stored for: the live one of its unique key,
-    else the one it duplicates."""
+) -> uuid.UUID | None:
+    """The message a message was not stored for: the live one of its unique key, else the
+    one it duplicates; None when neither is there (settled since the INSERT)."""
     live = None
     if unique_key is not None:
         cursor.execute(sql.query("publish.sql", "unique_live"), (unique_key, routing_key))
@@ -302,9 +298,17 @@ def _stored_instead(
     if live is None and dedup_id is not None:
         cursor.execute(sql.query("publish.sql", "deduplicated"), (dedup_id, routing_key))
         live = cursor.fetchone()[0]
+    return None if live is None else uuid.UUID(str(live))
+
+
+def _stored_instead(
+    cursor: Any, unique_key: str | None, dedup_id: str | None, routing_key: str
+) -> uuid.UUID:
+    """The message a batch's message was not stored for (:func:`_live_or_duplicated`)."""
+    live = _live_or_duplicated(cursor, unique_key, dedup_id, routing_key)
     if live is None:  # settled between the INSERT and the look-up
         raise OperationalError(f"unique key {unique_key!r}: its live delivery was settled; retry")
-    return uuid.UUID(str(live))
+    return live
 
 
 def send_batch(
